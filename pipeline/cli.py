@@ -1,0 +1,174 @@
+"""The command line: ``python -m pipeline <command>``; the same control functions as the console.
+
+Every command loads the settings once (defaults < TOML < env < flags) and hands them down.
+Any StatefulStreamsError is printed as one line ``error: …`` with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Callable
+
+from pipeline.config import Settings, load_settings, parse_set_flags
+from pipeline.errors import StatefulStreamsError
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    cli = parse_set_flags(args.set)
+    if args.data_dir:
+        cli["paths.data_dir"] = args.data_dir
+    if args.service_url:
+        cli["pulsar.service_url"] = args.service_url
+    return load_settings(args.config, cli=cli)
+
+
+def cmd_broker(args, settings):
+    from pipeline.broker import serve_forever
+
+    serve_forever(settings)
+
+
+def cmd_topics(args, settings):
+    from pipeline.broker import resolve_service_url
+    from pipeline.topics import ensure_topics
+
+    ensure_topics(settings, resolve_service_url(settings), partitions=args.partitions)
+    print("topics ready: " + ", ".join(settings.topics.values()))
+
+
+def cmd_datagen(args, settings):
+    from pipeline.datagen import main as datagen_main
+
+    datagen_main(args, settings)
+
+
+def cmd_produce(args, settings):
+    from pipeline.producers import main as produce_main
+
+    produce_main(args, settings)
+
+
+def cmd_run(args, settings):
+    from pipeline.job import run_forever
+
+    run_forever(settings, max_batches=args.max_batches)
+
+
+def cmd_savepoint(args, settings):
+    from pipeline import control
+
+    if args.action == "take":
+        info = control.take_savepoint(settings, args.name)
+        print(f"savepoint {info.name!r} taken at batch {info.batch_id} ({info.size_bytes} bytes)")
+    elif args.action == "list":
+        for info in control.list_savepoints(settings):
+            print(f"{info.name}\tbatch {info.batch_id}\t{info.taken_at}\t{info.size_bytes} bytes")
+    else:
+        if not args.name:
+            raise StatefulStreamsError("savepoint restore needs a NAME; see 'python -m pipeline savepoint list'")
+        info = control.restore_savepoint(settings, args.name)
+        print(f"restored savepoint {info.name!r} (batch {info.batch_id}); start the job with 'python -m pipeline run'")
+
+
+def cmd_replay(args, settings):
+    from pipeline import control
+
+    request = control.request_replay(settings, args.topic, from_time=args.from_time, requested_by="cli")
+    print(f"replay #{request['seq']} of {args.topic} requested from {request['from']}")
+
+
+def cmd_redrive(args, settings):
+    from pipeline import control
+
+    count = control.redrive(settings, invoice_ids=args.invoice, user_id=args.user, item_id=args.item,
+                            reason=args.reason, requested_by="cli")
+    print(f"re-drove {count} missing-state orders to {settings.topics['orders']}")
+
+
+def cmd_app(args, settings):
+    from pipeline.console import serve_console
+
+    serve_console(settings)
+
+
+def cmd_exporter(args, settings):
+    from pipeline.exporter import serve_exporter
+
+    serve_exporter(settings, port=args.port)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline",
+        description="Stateful Streams: enrich Pulsar orders with the latest user and item in Spark.",
+    )
+    parser.add_argument("--config", help="TOML settings file (or set SS_CONFIG)")
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a setting, e.g. --set enrichment.max_wait=5s")
+    parser.add_argument("--data-dir", help="shortcut for --set paths.data_dir=…")
+    parser.add_argument("--service-url", help="shortcut for --set pulsar.service_url=…")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(name: str, func: Callable, help: str) -> argparse.ArgumentParser:
+        command = sub.add_parser(name, help=help, description=help)
+        command.set_defaults(func=func)
+        return command
+
+    add("broker", cmd_broker, "run the embedded pulsar-lite broker in the foreground and print its URL")
+    topics = add("topics", cmd_topics, "create the three topics (partitions and retention where an admin API exists)")
+    topics.add_argument("--partitions", type=int, default=1, help="partitions per topic (admin API only)")
+
+    datagen = add("datagen", cmd_datagen, "generate deterministic users, items and orders CSVs")
+    datagen.add_argument("--out", default="data", help="output folder (default: data)")
+    datagen.add_argument("--users", type=int, default=2000)
+    datagen.add_argument("--items", type=int, default=300)
+    datagen.add_argument("--orders", type=int, default=20000)
+    datagen.add_argument("--seed", type=int, default=42)
+
+    produce = add("produce", cmd_produce, "publish a CSV of users, items or orders as keyed JSON")
+    produce.add_argument("topic", choices=["users", "items", "orders"])
+    produce.add_argument("--file", help="CSV to read (default: data/<topic>.csv)")
+    produce.add_argument("--rate", type=float, default=0.0, help="messages per second (0 = as fast as possible)")
+    produce.add_argument("--limit", type=int, default=0, help="stop after this many messages (0 = all)")
+    produce.add_argument("--loop", action="store_true", help="start over at the end (orders only, for demos)")
+    produce.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    run = add("run", cmd_run, "run the enrichment job in the foreground")
+    run.add_argument("--max-batches", type=int, default=0, help="stop after this many micro-batches (0 = never)")
+
+    savepoint = add("savepoint", cmd_savepoint, "take, list or restore savepoints")
+    savepoint.add_argument("action", choices=["take", "list", "restore"])
+    savepoint.add_argument("name", nargs="?", help="savepoint name (take: default is a timestamp)")
+
+    replay = add("replay", cmd_replay, "replay a changelog topic into the running job")
+    replay.add_argument("topic", choices=["users", "items"])
+    replay.add_argument("--from-time", help="ISO time to start from (default: the earliest message)")
+
+    redrive = add("redrive", cmd_redrive, "republish missing-state orders so they are enriched against today's state")
+    redrive.add_argument("--invoice", type=int, action="append", help="invoice id (repeatable)")
+    redrive.add_argument("--user", type=int, help="every missing order of this user id")
+    redrive.add_argument("--item", type=int, help="every missing order of this item id")
+    redrive.add_argument("--reason", choices=["user", "item", "user_and_item"], help="every missing order with this reason")
+
+    add("app", cmd_app, "run the Streamlit console on app.address:app.port")
+    exporter = add("exporter", cmd_exporter, "serve the job metrics in Prometheus text format")
+    exporter.add_argument("--port", type=int, default=9464)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = _settings(args)
+        args.func(args, settings)
+    except StatefulStreamsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0

@@ -1,0 +1,298 @@
+"""Settings for every entry point: defaults < TOML file < environment < CLI flags.
+
+One frozen :class:`Settings` object is loaded once per process with :func:`load_settings`
+and passed down explicitly. Each key ``a.b.c`` has the environment variable ``SS_A_B_C``
+(DESIGN.md §8); the table :data:`KEYS` is the single list of keys, defaults and checks.
+A bad value fails at start-up with one line that names the key and the allowed values.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from pipeline.errors import ConfigError
+
+EMBEDDED = "embedded"
+
+
+# ---------------------------------------------------------------- value parsers
+# Each parser takes the raw value (str from env/CLI, or a TOML value) and returns the typed
+# value, or raises ValueError with the "allowed" half of the message.
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+
+
+def parse_duration(raw: Any) -> float:
+    """Seconds from ``"10s"``, ``"500ms"``, ``"2m"``, ``"1h"`` or a bare number of seconds."""
+    if isinstance(raw, bool):
+        raise ValueError("a duration such as '10s', '500ms' or '2m'")
+    if isinstance(raw, (int, float)):
+        if raw < 0:
+            raise ValueError("a duration >= 0 such as '10s', '500ms' or '2m'")
+        return float(raw)
+    match = _DURATION.match(str(raw))
+    if not match:
+        raise ValueError("a duration such as '10s', '500ms' or '2m'")
+    number, unit = float(match.group(1)), match.group(2) or "s"
+    return number * {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[unit]
+
+
+def _int_at_least(minimum: int) -> Callable[[Any], int]:
+    def parse(raw: Any) -> int:
+        try:
+            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                raise ValueError
+            value = int(str(raw).strip()) if not isinstance(raw, int) else raw
+        except ValueError:
+            raise ValueError(f"a whole number >= {minimum}") from None
+        if value < minimum:
+            raise ValueError(f"a whole number >= {minimum}")
+        return value
+
+    return parse
+
+
+def _text(raw: Any) -> str:
+    value = str(raw).strip()
+    if not value:
+        raise ValueError("a non-empty text")
+    return value
+
+
+def _optional_text(raw: Any) -> str | None:
+    value = str(raw).strip() if raw is not None else ""
+    return value or None
+
+
+def _service_url(raw: Any) -> str:
+    value = _text(raw)
+    if value != EMBEDDED and not re.match(r"^pulsar(\+ssl)?://[^\s/]+", value):
+        raise ValueError("'embedded' or a URL like 'pulsar://host:6650'")
+    return value
+
+
+def _admin_url(raw: Any) -> str | None:
+    value = _optional_text(raw)
+    if value is not None and not re.match(r"^https?://[^\s/]+", value):
+        raise ValueError("empty or a URL like 'http://host:8080'")
+    return value
+
+
+def _topic(raw: Any) -> str:
+    value = _text(raw)
+    if not re.match(r"^(persistent|non-persistent)://[^/\s]+/[^/\s]+/[^/\s]+$", value):
+        raise ValueError("a full topic name like 'persistent://public/default/users'")
+    return value
+
+
+def _spark_master(raw: Any) -> str:
+    value = _text(raw)
+    if not re.match(r"^(local(\[(\*|\d+)\])?|spark://\S+|yarn|k8s://\S+)$", value):
+        raise ValueError("'local[*]', 'local[N]', 'spark://host:7077', 'yarn' or 'k8s://…'")
+    return value
+
+
+def _port(raw: Any) -> int:
+    value = _int_at_least(1)(raw)
+    if value > 65535:
+        raise ValueError("a port number from 1 to 65535")
+    return value
+
+
+def _positive_duration(raw: Any) -> float:
+    value = parse_duration(raw)
+    if value <= 0:
+        raise ValueError("a duration > 0 such as '1s' or '500ms'")
+    return value
+
+
+@dataclass(frozen=True)
+class Key:
+    """One setting: its dotted name, default and parser."""
+
+    name: str
+    default: Any
+    parse: Callable[[Any], Any]
+    help: str
+
+    @property
+    def env(self) -> str:
+        return "SS_" + self.name.upper().replace(".", "_")
+
+
+KEYS: tuple[Key, ...] = (
+    Key("pulsar.service_url", EMBEDDED, _service_url, "Broker URL, or 'embedded' for pulsar-lite"),
+    Key("pulsar.admin_url", None, _admin_url, "Pulsar admin REST URL (none for pulsar-lite)"),
+    Key("topics.users", "persistent://public/default/users", _topic, "Users changelog topic"),
+    Key("topics.items", "persistent://public/default/items", _topic, "Items changelog topic"),
+    Key("topics.orders", "persistent://public/default/orders", _topic, "Orders event topic"),
+    Key("paths.data_dir", "./var", _text, "Broker data, checkpoints, sinks and metrics"),
+    Key("spark.master", "local[*]", _spark_master, "Spark master URL"),
+    Key("spark.shuffle_partitions", 0, _int_at_least(0), "Shuffle partitions; 0 sizes them to the cores"),
+    Key("job.trigger_interval", "1s", _positive_duration, "Micro-batch trigger interval"),
+    Key("job.max_rows_per_batch", 50_000, _int_at_least(1), "Most source rows in one micro-batch"),
+    Key("job.buckets", 64, _int_at_least(1), "Key buckets per lookup (groups of keys per state call)"),
+    Key("job.restart.attempts", 5, _int_at_least(0), "Restarts from the last checkpoint before giving up"),
+    Key("job.restart.delay", "10s", parse_duration, "Delay between restart attempts"),
+    Key("enrichment.max_wait", "10s", parse_duration, "How long an order waits for its user/item; 0 = no buffering"),
+    Key("app.address", "127.0.0.1", _text, "Console bind address"),
+    Key("app.port", 8501, _port, "Console port"),
+    Key("app.admin_token", None, _optional_text, "Token that control actions require (needed off loopback)"),
+)
+KEYS_BY_NAME = {key.name: key for key in KEYS}
+CONFIG_FILE_ENV = "SS_CONFIG"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """All settings, typed. Build it with :func:`load_settings`; never mutate it."""
+
+    values: Mapping[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+    # Named accessors for the keys the code reads most; the names say what they are.
+    @property
+    def service_url(self) -> str:
+        return self.values["pulsar.service_url"]
+
+    @property
+    def admin_url(self) -> str | None:
+        return self.values["pulsar.admin_url"]
+
+    @property
+    def topics(self) -> dict[str, str]:
+        """Logical name (users, items, orders) -> full topic name."""
+        return {name: self.values[f"topics.{name}"] for name in ("users", "items", "orders")}
+
+    @property
+    def data_dir(self) -> Path:
+        return Path(self.values["paths.data_dir"]).absolute()
+
+    @property
+    def max_wait_ms(self) -> int:
+        return int(round(self.values["enrichment.max_wait"] * 1000))
+
+    @property
+    def is_embedded(self) -> bool:
+        return self.service_url == EMBEDDED
+
+    def redacted(self) -> dict[str, Any]:
+        """The settings with secrets masked, for logs and the metrics store."""
+        return {k: ("***" if k == "app.admin_token" and v else v) for k, v in self.values.items()}
+
+    def with_overrides(self, **dotted: Any) -> "Settings":
+        """A copy with some keys replaced (keys use '__' for '.'), each value checked."""
+        overrides = {name.replace("__", "."): value for name, value in dotted.items()}
+        merged = dict(self.values)
+        for name, raw in overrides.items():
+            merged[name] = _check(name, raw, "override")
+        return Settings(merged)
+
+
+def _check(name: str, raw: Any, origin: str) -> Any:
+    key = KEYS_BY_NAME.get(name)
+    if key is None:
+        allowed = ", ".join(KEYS_BY_NAME)
+        raise ConfigError(f"unknown setting {name!r} (from {origin}); known settings: {allowed}")
+    try:
+        return key.parse(raw)
+    except ValueError as exc:
+        raise ConfigError(
+            f"setting {name!r} = {raw!r} (from {origin}) is not valid: expected {exc}; "
+            f"fix it in the TOML file, {key.env} or --set {name}=…"
+        ) from None
+
+
+def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for name, value in table.items():
+        dotted = f"{prefix}{name}"
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, dotted + "."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def load_toml(path: str | os.PathLike) -> dict[str, Any]:
+    """The dotted keys of a TOML settings file; a missing or malformed file is a ConfigError."""
+    file = Path(path)
+    try:
+        with file.open("rb") as handle:
+            return _flatten(tomllib.load(handle))
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(file)!r} does not exist; pass an existing TOML file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {str(file)!r} is not valid TOML: {exc}") from None
+
+
+def load_settings(
+    config_file: str | os.PathLike | None = None,
+    env: Mapping[str, str] | None = None,
+    cli: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Merge defaults < TOML < environment < CLI flags and check every value.
+
+    ``config_file`` falls back to the ``SS_CONFIG`` environment variable. ``cli`` maps dotted
+    keys to raw values (from ``--set key=value`` or a dedicated flag).
+    """
+    env = dict(os.environ if env is None else env)
+    values: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    for key in KEYS:
+        values[key.name], origins[key.name] = key.default, "default"
+
+    config_file = config_file or env.get(CONFIG_FILE_ENV) or None
+    if config_file:
+        for name, raw in load_toml(config_file).items():
+            values[name] = raw
+            origins[name] = f"config file {str(config_file)!r}"
+            _check(name, raw, origins[name])  # names the unknown key early
+
+    for name, raw in env.items():
+        if not name.startswith("SS_") or name == CONFIG_FILE_ENV:
+            continue
+        key = next((k for k in KEYS if k.env == name), None)
+        if key is None:
+            known = ", ".join(k.env for k in KEYS)
+            raise ConfigError(f"unknown environment variable {name!r}; known: {CONFIG_FILE_ENV}, {known}")
+        values[key.name], origins[key.name] = raw, f"environment {name}"
+
+    for name, raw in (cli or {}).items():
+        values[name], origins[name] = raw, "command line"
+
+    checked = {name: (None if raw is None else _check(name, raw, origins.get(name, "?"))) for name, raw in values.items()}
+    settings = Settings(checked)
+    _check_consistency(settings)
+    return settings
+
+
+def _check_consistency(settings: Settings) -> None:
+    """Rules that span several keys."""
+    topics = settings.topics
+    if len(set(topics.values())) != len(topics):
+        raise ConfigError(f"topics.users, topics.items and topics.orders must differ; got {topics!r}")
+    address = settings["app.address"]
+    if address not in ("127.0.0.1", "localhost", "::1") and not settings["app.admin_token"]:
+        raise ConfigError(
+            f"setting 'app.address' = {address!r} is not loopback and 'app.admin_token' is empty; "
+            "set SS_APP_ADMIN_TOKEN to bind a non-loopback address"
+        )
+
+
+def parse_set_flags(pairs: list[str] | None) -> dict[str, str]:
+    """``["a.b=1", …]`` from repeated ``--set`` flags, each one checked for shape."""
+    result: dict[str, str] = {}
+    for pair in pairs or []:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(f"--set {pair!r} is not of the form key=value, e.g. --set enrichment.max_wait=5s")
+        result[name.strip()] = value
+    return result

@@ -1,0 +1,54 @@
+"""The SparkSession every part of the job runs on: RocksDB state, loopback UI, sized shuffles.
+
+Called on the driver, once per process (``getOrCreate``). The Python workers run the same
+interpreter as the driver, so the venv's packages (pulsar-client, pyarrow) are there.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pipeline.config import Settings
+
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+def shuffle_partitions(settings: Settings) -> int:
+    """The configured count, or the cores (local[N] / local[*]) when it is 0."""
+    configured = settings["spark.shuffle_partitions"]
+    if configured:
+        return configured
+    master = settings["spark.master"]
+    if master.startswith("local[") and master[6:-1].isdigit():
+        return int(master[6:-1])
+    return os.cpu_count() or 2
+
+
+def build_spark(settings: Settings, app_name: str = "stateful-streams"):
+    """Get or create the SparkSession with our state store and tuning."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if settings["spark.master"].startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(settings["spark.master"]).appName(app_name)
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions(settings)))
+        .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
+        .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+        .config("spark.sql.streaming.stateStore.stateSchemaCheck", "true")
+        # Keep enough batches around that a savepoint can always copy a committed version.
+        .config("spark.sql.streaming.minBatchesToRetain", "20")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.sql.streaming.noDataMicroBatches.enabled", "true")
+    )
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark

@@ -1,0 +1,66 @@
+"""Where everything lives under ``<data_dir>``: the one map of the on-disk layout.
+
+```
+<data_dir>/broker/                     embedded broker data, log, endpoint.json
+<data_dir>/checkpoint/                 Spark checkpoint of the running query (RocksDB state)
+<data_dir>/sinks/<name>/batch=<id>/    committed Parquet files, one folder per micro-batch
+<data_dir>/staging/<name>/batch=<id>/  files of a batch that Spark has not committed yet
+<data_dir>/metrics/<stream>/<day>.jsonl   append-only progress, tasks and events
+<data_dir>/savepoints/<name>/          named copies of the checkpoint (savepoint.json inside)
+<data_dir>/control/replay/<seq>.json   replay requests the running job picks up
+```
+
+Both the job and the console import this module; it imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SINKS = ("enriched", "missing_state", "dead_letter")
+METRIC_STREAMS = ("progress", "tasks", "events")
+
+
+def sinks_dir(data_dir: Path) -> Path:
+    return Path(data_dir) / "sinks"
+
+
+def sink_dir(data_dir: Path, sink: str) -> Path:
+    if sink not in SINKS:
+        raise ValueError(f"unknown sink {sink!r}; expected one of {SINKS}")
+    return sinks_dir(data_dir) / sink
+
+
+def sink_glob(data_dir: Path, sink: str) -> str:
+    """The glob a DuckDB reader uses; it matches committed files only."""
+    return str(sink_dir(data_dir, sink) / "**" / "*.parquet")
+
+
+def staging_dir(data_dir: Path, sink: str) -> Path:
+    return Path(data_dir) / "staging" / sink
+
+
+def batch_folder(batch_id: int) -> str:
+    return f"batch={batch_id:012d}"
+
+
+def checkpoint_dir(data_dir: Path) -> Path:
+    return Path(data_dir) / "checkpoint"
+
+
+def metrics_dir(data_dir: Path, stream: str) -> Path:
+    if stream not in METRIC_STREAMS:
+        raise ValueError(f"unknown metrics stream {stream!r}; expected one of {METRIC_STREAMS}")
+    return Path(data_dir) / "metrics" / stream
+
+
+def metrics_glob(data_dir: Path, stream: str) -> str:
+    return str(metrics_dir(data_dir, stream) / "*.jsonl")
+
+
+def savepoints_dir(data_dir: Path) -> Path:
+    return Path(data_dir) / "savepoints"
+
+
+def replay_requests_dir(data_dir: Path) -> Path:
+    return Path(data_dir) / "control" / "replay"

@@ -1,0 +1,141 @@
+"""The wire format of the three topics (DESIGN.md §3): field names, types, and validation.
+
+Payloads are UTF-8 JSON objects with the field names of the original Java model, so a
+producer written for the original job works unchanged. :func:`parse_payload` is the one
+place that decides whether a message is valid; a bad one raises :class:`BadMessage` whose
+text is the one-line ``error`` of its dead-letter row.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+MAX_PAYLOAD_BYTES = 1 << 20  # far above any real record; bigger ones are poison
+NONE = -1  # the Java model's "no time" / "no parent" marker
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    kind: type  # int, float or str
+    required: bool
+    default: Any = None
+
+
+USER_FIELDS = (
+    Field("id", int, True), Field("firstName", str, False), Field("lastName", str, False),
+    Field("emailAddress", str, False), Field("createdAt", int, False, NONE),
+    Field("deletedAt", int, False, NONE), Field("mergedAt", int, False, NONE),
+    Field("parentUserId", int, False, NONE),
+)
+ITEM_FIELDS = (
+    Field("id", int, True), Field("createdAt", int, False, NONE), Field("adjective", str, False),
+    Field("category", str, False), Field("modifier", str, False), Field("name", str, False),
+    Field("price", float, True),
+)
+ORDER_FIELDS = (
+    Field("invoiceId", int, True), Field("lineItemId", int, True), Field("userId", int, True),
+    Field("itemId", int, True), Field("itemName", str, False), Field("itemCategory", str, False),
+    Field("price", float, True), Field("createdAt", int, True), Field("paidAt", int, False, NONE),
+)
+FIELDS = {"users": USER_FIELDS, "items": ITEM_FIELDS, "orders": ORDER_FIELDS}
+KEY_FIELD = {"users": "id", "items": "id", "orders": "invoiceId"}
+CHANGELOGS = ("users", "items")
+
+
+class BadMessage(ValueError):
+    """A message that cannot be used; ``str(exc)`` is its one-line dead-letter error."""
+
+
+def _coerce(field: Field, value: Any) -> Any:
+    if value is None:
+        if field.required:
+            raise BadMessage(f"field {field.name!r} is null; it is required")
+        return field.default
+    if field.kind is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise BadMessage(f"field {field.name!r} must be an integer, got {type(value).__name__} {_short(value)}")
+        if isinstance(value, float):
+            if not value.is_integer():
+                raise BadMessage(f"field {field.name!r} must be an integer, got {value!r}")
+            value = int(value)
+        if not INT64_MIN <= value <= INT64_MAX:
+            raise BadMessage(f"field {field.name!r} = {value} is outside the 64-bit range")
+        return value
+    if field.kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise BadMessage(f"field {field.name!r} must be a number, got {type(value).__name__} {_short(value)}")
+        if value != value or value in (float("inf"), float("-inf")):
+            raise BadMessage(f"field {field.name!r} must be a finite number, got {value!r}")
+        return float(value)
+    if not isinstance(value, str):
+        raise BadMessage(f"field {field.name!r} must be a string, got {type(value).__name__} {_short(value)}")
+    return value
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def parse_record(topic: str, record: Any) -> dict[str, Any]:
+    """Check a decoded JSON value against the topic's fields; extra fields are ignored."""
+    if not isinstance(record, dict):
+        raise BadMessage(f"payload must be a JSON object, got {type(record).__name__}")
+    parsed = {}
+    for field in FIELDS[topic]:
+        if field.name not in record:
+            if field.required:
+                raise BadMessage(f"required field {field.name!r} is missing")
+            parsed[field.name] = field.default
+        else:
+            parsed[field.name] = _coerce(field, record[field.name])
+    return parsed
+
+
+def parse_payload(topic: str, payload: bytes | None) -> dict[str, Any] | None:
+    """The record in a message, or None for a changelog tombstone (empty payload).
+
+    Raises BadMessage for: an empty payload on ``orders``, over-size payloads, invalid UTF-8,
+    invalid JSON, a JSON value that is not an object, a missing, null or mistyped field.
+    """
+    if topic not in FIELDS:
+        raise ValueError(f"unknown topic kind {topic!r}; expected one of {sorted(FIELDS)}")
+    if not payload:
+        if topic in CHANGELOGS:
+            return None
+        raise BadMessage("empty payload; only changelog topics take tombstones")
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        raise BadMessage(f"payload is {len(payload)} bytes, over the {MAX_PAYLOAD_BYTES}-byte limit")
+    try:
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadMessage(f"payload is not valid UTF-8 (byte {exc.start})") from None
+    try:
+        record = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
+        where = f" at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
+        raise BadMessage(f"payload is not valid JSON: {msg}{where}") from None
+    return parse_record(topic, record)
+
+
+def tombstone_key(key: str | None) -> int:
+    """The id a tombstone deletes: its message key, which must be an integer."""
+    try:
+        return int(str(key).strip())
+    except (TypeError, ValueError):
+        raise BadMessage(f"tombstone key {key!r} is not an integer id") from None
+
+
+def encode(record: dict[str, Any]) -> bytes:
+    """The compact UTF-8 JSON payload of a record."""
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def message_key(topic: str, record: dict[str, Any]) -> str:
+    """The message key of a record: ``str(id)`` or ``str(invoiceId)``."""
+    return str(record[KEY_FIELD[topic]])

@@ -1,0 +1,81 @@
+"""Settings precedence and one-line errors (DESIGN.md §8)."""
+
+import re
+
+import pytest
+
+from pipeline.config import KEYS, load_settings, parse_duration, parse_set_flags
+from pipeline.errors import ConfigError
+
+
+def test_defaults_match_the_contract():
+    settings = load_settings(env={})
+    assert settings["pulsar.service_url"] == "embedded"
+    assert settings["pulsar.admin_url"] is None
+    assert settings.topics == {n: f"persistent://public/default/{n}" for n in ("users", "items", "orders")}
+    assert settings["paths.data_dir"] == "./var"
+    assert settings["spark.master"] == "local[*]"
+    assert settings["job.trigger_interval"] == 1.0
+    assert settings.max_wait_ms == 10_000
+    assert settings["app.admin_token"] is None
+
+
+def test_env_names_follow_the_rule():
+    envs = {key.name: key.env for key in KEYS}
+    assert envs["pulsar.service_url"] == "SS_PULSAR_SERVICE_URL"
+    assert envs["job.restart.attempts"] == "SS_JOB_RESTART_ATTEMPTS"
+    assert envs["topics.users"] == "SS_TOPICS_USERS"
+
+
+def test_precedence_defaults_toml_env_cli(tmp_path):
+    toml = tmp_path / "s.toml"
+    toml.write_text('[enrichment]\nmax_wait = "3s"\n[job]\ntrigger_interval = "2s"\n[job.restart]\nattempts = 7\n')
+    settings = load_settings(toml, env={"SS_JOB_TRIGGER_INTERVAL": "4s"}, cli={"job.restart.attempts": "9"})
+    assert settings.max_wait_ms == 3000  # TOML beats default
+    assert settings["job.trigger_interval"] == 4.0  # env beats TOML
+    assert settings["job.restart.attempts"] == 9  # CLI beats TOML
+
+
+def test_bad_value_names_key_and_allowed_values():
+    with pytest.raises(ConfigError, match=re.escape("setting 'enrichment.max_wait' = 'soon' (from environment SS_ENRICHMENT_MAX_WAIT) is not valid: expected a duration")):
+        load_settings(env={"SS_ENRICHMENT_MAX_WAIT": "soon"})
+
+
+def test_unknown_keys_are_named(tmp_path):
+    toml = tmp_path / "s.toml"
+    toml.write_text("[job]\ntriger_interval = 1\n")
+    with pytest.raises(ConfigError, match=re.escape("unknown setting 'job.triger_interval'")):
+        load_settings(toml, env={})
+    with pytest.raises(ConfigError, match=re.escape("unknown environment variable 'SS_JOB_TRIGER'")):
+        load_settings(env={"SS_JOB_TRIGER": "1"})
+
+
+def test_missing_and_malformed_files_are_named(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_settings(tmp_path / "nope.toml", env={})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[job\n")
+    with pytest.raises(ConfigError, match="is not valid TOML"):
+        load_settings(bad, env={})
+
+
+def test_non_loopback_app_needs_a_token():
+    with pytest.raises(ConfigError, match="not loopback"):
+        load_settings(env={"SS_APP_ADDRESS": "10.1.2.3"})
+    assert load_settings(env={"SS_APP_ADDRESS": "10.1.2.3", "SS_APP_ADMIN_TOKEN": "s3cret"})["app.address"] == "10.1.2.3"
+
+
+def test_secrets_are_redacted():
+    settings = load_settings(env={"SS_APP_ADMIN_TOKEN": "s3cret"})
+    assert "s3cret" not in repr(settings.redacted())
+
+
+@pytest.mark.parametrize("raw,seconds", [("10s", 10), ("500ms", 0.5), ("2m", 120), (0, 0), ("1.5", 1.5)])
+def test_durations(raw, seconds):
+    assert parse_duration(raw) == seconds
+
+
+def test_set_flags_shape():
+    assert parse_set_flags(["a.b=1", "c.d=x=y"]) == {"a.b": "1", "c.d": "x=y"}
+    with pytest.raises(ConfigError, match="is not of the form key=value"):
+        parse_set_flags(["oops"])
