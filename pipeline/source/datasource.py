@@ -1,0 +1,242 @@
+"""``pulsar``: a PySpark 4 streaming data source over Pulsar topics, with exact re-reads.
+
+Name: ``pulsar`` (register with ``spark.dataSource.register(PulsarDataSource)``).
+
+Schema (one row per message)::
+
+    kind string          logical topic name given in the ``topics`` option (users, items, orders)
+    topic string         full Pulsar topic name
+    partition int        partition index, -1 for a non-partitioned topic
+    message_id string    ledger:entry:partition:batch
+    position long        1-based position of the message in its partition and generation
+    generation long      replay generation of its topic (0 until the first replay)
+    key string           message key (None if the producer gave none)
+    value binary         raw payload
+    publish_time timestamp
+    properties string    message properties as a JSON object, or None
+
+Options:
+
+- ``service_url`` (required): ``pulsar://host:6650``.
+- ``topics`` (required): ``users=persistent://public/default/users,orders=…``.
+- ``maxRowsPerBatch``: most rows in one micro-batch, shared fairly among partitions.
+- ``startingOffsets``: ``earliest`` (default), or JSON like ``{"orders": "latest"}``.
+- ``controlDir``: folder of replay requests (``<seq>.json`` with ``topic`` and ``from``).
+- ``lookAheadRows``: how many message ids the driver keeps ahead per partition (default 4×max).
+
+Guarantees: offsets are per-partition message ids with positions, so any micro-batch is
+re-read exactly (no gap, no repeat) after a crash; a replay switches a topic to a new
+generation inside the offset itself, so it is deterministic across crashes too.
+
+Example::
+
+    spark.dataSource.register(PulsarDataSource)
+    df = (spark.readStream.format("pulsar")
+          .option("service_url", "pulsar://127.0.0.1:6650")
+          .option("topics", "orders=persistent://public/default/orders")
+          .option("maxRowsPerBatch", 10000).load())
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+
+from pipeline.errors import SourceError
+from pipeline.source import offsets as off
+from pipeline.source import reader as rd
+
+log = logging.getLogger(__name__)
+PARTITION_REFRESH_S = 10.0
+
+
+def parse_topics_option(text: str | None) -> dict[str, str]:
+    """``kind=topic,…`` -> {kind: topic}; checked on the driver."""
+    if not text:
+        raise SourceError("option 'topics' is required, e.g. 'orders=persistent://public/default/orders'")
+    topics = {}
+    for pair in text.split(","):
+        kind, sep, topic = pair.strip().partition("=")
+        if not sep or not kind or "://" not in topic:
+            raise SourceError(f"option 'topics' entry {pair!r} is not of the form kind=persistent://tenant/ns/topic")
+        topics[kind.strip()] = topic.strip()
+    return topics
+
+
+def parse_starting_offsets(text: str | None, kinds: list[str]) -> dict[str, str]:
+    if not text or text == off.EARLIEST:
+        return {kind: off.EARLIEST for kind in kinds}
+    if text == "latest":
+        return {kind: "latest" for kind in kinds}
+    try:
+        given = json.loads(text)
+    except ValueError:
+        raise SourceError(f"option 'startingOffsets' = {text!r} is not 'earliest', 'latest' or a JSON object") from None
+    bad = {k: v for k, v in given.items() if k not in kinds or v not in (off.EARLIEST, "latest")}
+    if bad:
+        raise SourceError(f"option 'startingOffsets' has bad entries {bad!r}; keys are {kinds}, values earliest|latest")
+    return {kind: given.get(kind, off.EARLIEST) for kind in kinds}
+
+
+class PulsarPartition(InputPartition):
+    def __init__(self, kind: str, topic: str, rng: off.Range):
+        super().__init__((kind, topic))
+        self.kind, self.topic, self.rng = kind, topic, rng
+
+
+class PulsarStreamReader(DataSourceStreamReader):
+    """Plans batches on the driver (look-ahead cursors) and reads them on executors (read_range)."""
+
+    def __init__(self, options: dict):
+        self.service_url = options.get("service_url") or ""
+        if not self.service_url.startswith(("pulsar://", "pulsar+ssl://")):
+            raise SourceError(f"option 'service_url' = {self.service_url!r} must be a pulsar:// URL")
+        self.topics = parse_topics_option(options.get("topics"))
+        raw_max = options.get("maxRowsPerBatch")
+        try:
+            self.max_rows = int(raw_max) if raw_max not in (None, "", "0") else None
+        except ValueError:
+            raise SourceError(f"option 'maxRowsPerBatch' = {raw_max!r} is not a whole number") from None
+        if self.max_rows is not None and self.max_rows < 1:
+            raise SourceError(f"option 'maxRowsPerBatch' = {raw_max!r} must be >= 1")
+        self.look_ahead = int(options.get("lookAheadRows") or 4 * (self.max_rows or 50_000))
+        self.starting = parse_starting_offsets(options.get("startingOffsets"), list(self.topics))
+        self.control_dir = Path(options["controlDir"]) if options.get("controlDir") else None
+        self._cursors: dict[tuple[str, str], tuple[int, rd.PartitionCursor]] = {}
+        self._partitions: dict[str, list[str]] = {}
+        self._partitions_at = 0.0
+
+    # The reader is pickled to the executors for read(); cursors hold live C++ readers.
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_cursors"] = {}
+        return state
+
+    # ------------------------------------------------------------------ driver side
+    def _topic_partitions(self) -> dict[str, list[str]]:
+        if not self._partitions or time.monotonic() - self._partitions_at > PARTITION_REFRESH_S:
+            self._partitions = {kind: rd.list_partitions(self.service_url, topic) for kind, topic in self.topics.items()}
+            self._partitions_at = time.monotonic()
+        return self._partitions
+
+    def initialOffset(self) -> dict:
+        parts = self._topic_partitions()
+        bases = {}
+        for kind, how in self.starting.items():
+            if how == "latest":
+                # One base for a non-partitioned topic; partitioned topics resolve per partition below.
+                ids = {p: rd.last_message_id(self.service_url, self.topics[kind], p) or off.EARLIEST for p in parts[kind]}
+                bases[kind] = ids
+        offset = off.initial_offset(parts)
+        for kind, ids in bases.items():
+            offset[kind]["base"] = dict(ids)
+            offset[kind]["parts"] = {p: {"n": 0, "id": i} for p, i in ids.items()}
+        return offset
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.max_rows) if self.max_rows else ReadAllAvailable()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        offset = off.with_partitions(start, self._topic_partitions())
+        offset = self._apply_replay_requests(offset)
+        available: dict[tuple[str, str], int] = {}
+        for kind, topic_offset in offset.items():
+            new_gen = start.get(kind, {}).get("gen") != topic_offset["gen"]
+            for p, part in topic_offset["parts"].items():
+                cursor = self._cursor(kind, topic_offset["gen"], p, part["id"], part["n"])
+                cursor.poll()
+                available[(kind, p)] = cursor.known_n - part["n"]
+                if new_gen:
+                    log.info("replay of %s generation %s starts at %s", kind, topic_offset["gen"], part["id"])
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        grants = off.allocate({f"{k}\x00{p}": n for (k, p), n in available.items()}, max_rows)
+        end = json.loads(json.dumps(offset))
+        for key, grant in grants.items():
+            kind, p = key.split("\x00")
+            if grant:
+                part = end[kind]["parts"][p]
+                _, cursor = self._cursors[(kind, p)]
+                part["n"] += grant
+                part["id"] = cursor.id_at(part["n"])
+        return end
+
+    def reportLatestOffset(self) -> dict | None:
+        """The newest positions seen by the look-ahead (a lower bound when far behind)."""
+        if not self._cursors:
+            return None
+        latest: dict = {}
+        for (kind, p), (gen, cursor) in self._cursors.items():
+            topic = latest.setdefault(kind, {"gen": gen, "parts": {}})
+            topic["parts"][p] = {"n": cursor.known_n, "id": cursor.id_at(cursor.known_n)}
+        return latest
+
+    def _cursor(self, kind: str, gen: int, p: str, start_id: str, start_n: int) -> rd.PartitionCursor:
+        held = self._cursors.get((kind, p))
+        if held is not None:
+            held_gen, cursor = held
+            if held_gen == gen and cursor.matches(start_id, start_n):
+                cursor.advance_to(start_n)
+                return cursor
+            cursor.close()
+        cursor = rd.PartitionCursor(self.service_url, self.topics[kind], p, start_id, start_n, self.look_ahead)
+        self._cursors[(kind, p)] = (gen, cursor)
+        return cursor
+
+    def _apply_replay_requests(self, offset: dict) -> dict:
+        """Switch a changelog topic to a new generation when a newer replay request exists."""
+        if self.control_dir is None or not self.control_dir.is_dir():
+            return offset
+        for path in sorted(self.control_dir.glob("*.json")):
+            try:
+                request = json.loads(path.read_text())
+                seq, kind = int(request["seq"]), request["topic"]
+            except (OSError, ValueError, KeyError, TypeError):
+                log.warning("ignoring unreadable replay request %s", path)
+                continue
+            if kind not in offset or seq <= offset[kind]["gen"]:
+                continue
+            parts = list(offset[kind]["parts"])
+            topic = self.topics[kind]
+            from_ms = request.get("from_ms")
+            bases = {p: (off.EARLIEST if from_ms is None else rd.find_position_before(self.service_url, topic, p, int(from_ms)))
+                     for p in parts}
+            replayed = off.empty_topic_offset(parts, gen=seq)
+            replayed["base"] = bases
+            replayed["parts"] = {p: {"n": 0, "id": bases[p]} for p in parts}
+            replayed["target"] = {p: t for p in parts if (t := rd.last_message_id(self.service_url, topic, p))}
+            offset[kind] = replayed
+        return offset
+
+    def partitions(self, start: dict, end: dict):
+        return [PulsarPartition(r.topic, self.topics[r.topic], r) for r in off.ranges_between(start or {}, end)]
+
+    def commit(self, end: dict) -> None:
+        """Nothing to acknowledge: readers are non-durable, and retention keeps the changelogs."""
+
+    def stop(self) -> None:
+        for _, cursor in self._cursors.values():
+            cursor.close()
+        self._cursors.clear()
+
+    # ------------------------------------------------------------------ executor side
+    def read(self, partition: PulsarPartition):
+        return rd.read_range(self.service_url, partition.topic, partition.kind, partition.rng)
+
+
+class PulsarDataSource(DataSource):
+    """The ``pulsar`` streaming source (see the module docstring for schema and options)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "pulsar"
+
+    def schema(self) -> str:
+        return rd.SPARK_SCHEMA
+
+    def streamReader(self, schema) -> PulsarStreamReader:
+        return PulsarStreamReader(self.options)

@@ -1,0 +1,138 @@
+"""Offsets of the Pulsar source: small JSON dicts of per-partition message positions.
+
+An offset names, for each logical topic, its replay generation and, for each partition, the
+last message consumed: its id and its position ``n`` (how many messages of this generation
+came before it, inclusive). Spark stores offsets in its write-ahead log, so a batch between
+two offsets is re-read exactly after a crash.
+
+```
+{"users":  {"gen": 0, "base": {"-1": "earliest"}, "target": {},
+            "parts": {"-1": {"n": 1200, "id": "0:17:-1:3"}}},
+ "items":  {...}, "orders": {...}}
+```
+
+- ``gen`` is the sequence number of the last replay request applied to that topic (0: none).
+  A new generation restarts the topic at ``base`` (earliest, or the message before a time).
+- ``target`` holds, for a replay, the id of the newest message when the replay began; the
+  replay has finished once ``parts`` reach it.
+- Message ids are ``ledger:entry:partition:batch`` like Java's ``MessageId.toString()``.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+EARLIEST = "earliest"
+
+
+@dataclass(frozen=True, order=True)
+class Position:
+    """A message id as comparable integers; ``batch`` is -1 for an unbatched message."""
+
+    ledger: int
+    entry: int
+    partition: int
+    batch: int
+
+    @classmethod
+    def parse(cls, text: str) -> "Position":
+        try:
+            ledger, entry, partition, batch = (int(part) for part in text.split(":"))
+        except (ValueError, AttributeError):
+            raise ValueError(f"message id {text!r} is not of the form ledger:entry:partition:batch") from None
+        return cls(ledger, entry, partition, batch)
+
+    def __str__(self) -> str:
+        return f"{self.ledger}:{self.entry}:{self.partition}:{self.batch}"
+
+
+def empty_topic_offset(partitions: list[str], base: str = EARLIEST, gen: int = 0) -> dict:
+    """The offset of a topic nobody has read yet (or that a replay restarts)."""
+    return {"gen": gen, "base": {p: base for p in partitions}, "target": {},
+            "parts": {p: {"n": 0, "id": base} for p in partitions}}
+
+
+def initial_offset(topic_partitions: dict[str, list[str]], bases: dict[str, str] | None = None) -> dict:
+    """The first offset: every partition of every topic before its first message (or at ``bases``)."""
+    bases = bases or {}
+    return {topic: empty_topic_offset(parts, bases.get(topic, EARLIEST)) for topic, parts in topic_partitions.items()}
+
+
+def with_partitions(offset: dict, topic_partitions: dict[str, list[str]]) -> dict:
+    """The offset extended with partitions (or topics) that appeared since; those start at earliest."""
+    result = copy.deepcopy(offset)
+    for topic, parts in topic_partitions.items():
+        entry = result.setdefault(topic, empty_topic_offset([]))
+        for p in parts:
+            if p not in entry["parts"]:
+                entry["base"][p] = EARLIEST
+                entry["parts"][p] = {"n": 0, "id": EARLIEST}
+    return result
+
+
+@dataclass(frozen=True)
+class Range:
+    """The messages of one partition in one batch: after ``start_id`` up to position ``end_n``."""
+
+    topic: str
+    partition: str
+    gen: int
+    start_id: str
+    start_n: int
+    end_id: str
+    end_n: int
+
+    @property
+    def count(self) -> int:
+        return self.end_n - self.start_n
+
+
+def ranges_between(start: dict, end: dict) -> list[Range]:
+    """The non-empty per-partition ranges of the batch (start, end]."""
+    ranges = []
+    for topic, end_topic in end.items():
+        start_topic = start.get(topic)
+        new_generation = start_topic is None or start_topic["gen"] != end_topic["gen"]
+        for p, end_part in end_topic["parts"].items():
+            if new_generation or p not in start_topic["parts"]:
+                begin = {"n": 0, "id": end_topic["base"].get(p, EARLIEST)}
+            else:
+                begin = start_topic["parts"][p]
+            if end_part["n"] > begin["n"]:
+                ranges.append(Range(topic, p, end_topic["gen"], begin["id"], begin["n"], end_part["id"], end_part["n"]))
+    return ranges
+
+
+def allocate(available: dict[str, int], limit: int | None) -> dict[str, int]:
+    """Share a row limit fairly among partitions with data (water-filling).
+
+    Every partition gets an equal share; what a small partition does not need goes to the
+    others. Orders keep flowing during a large changelog replay because of this.
+    """
+    if limit is None:
+        return dict(available)
+    grants = {key: 0 for key in available}
+    remaining = limit
+    hungry = [key for key, count in sorted(available.items()) if count > 0]
+    while remaining > 0 and hungry:
+        share = max(1, remaining // len(hungry))
+        for key in list(hungry):
+            take = min(share, available[key] - grants[key], remaining)
+            grants[key] += take
+            remaining -= take
+            if grants[key] >= available[key]:
+                hungry.remove(key)
+            if remaining == 0:
+                break
+    return grants
+
+
+def replay_finished(topic_offset: dict) -> bool:
+    """Whether a replay generation has reached the newest message it had to re-read."""
+    target = topic_offset.get("target") or {}
+    for p, target_id in target.items():
+        current = topic_offset["parts"].get(p, {}).get("id", EARLIEST)
+        if current == EARLIEST or Position.parse(current) < Position.parse(target_id):
+            return False
+    return True

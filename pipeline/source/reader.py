@@ -1,0 +1,255 @@
+"""Reading Pulsar partitions with non-durable readers: exact ranges on executors, look-ahead on the driver.
+
+- :func:`read_range` (executor): re-reads exactly the messages of one :class:`Range` and yields
+  Arrow record batches. Called once per input partition per micro-batch, also after a crash.
+- :class:`PartitionCursor` (driver): reads ahead of the committed position to learn the ids of
+  upcoming messages, so a batch end can be capped at N rows and the backlog can be reported.
+
+Only the standard Pulsar protocol is used (readers from message ids; no seek, no
+subscriptions), so the same code runs on pulsar-lite and Apache Pulsar.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from array import array
+from typing import Iterator
+
+from pipeline.errors import SourceError
+from pipeline.source.offsets import EARLIEST, Position, Range
+
+log = logging.getLogger(__name__)
+ARROW_BATCH_ROWS = 8192
+_clients: dict[str, object] = {}
+
+
+def pulsar_client(service_url: str):
+    """One client per URL per Python process (workers are reused, so connections are too)."""
+    client = _clients.get(service_url)
+    if client is None:
+        import pulsar
+
+        client = pulsar.Client(service_url, operation_timeout_seconds=15, connection_timeout_ms=5000,
+                               logger=logging.getLogger("pulsar"))
+        _clients[service_url] = client
+    return client
+
+
+def to_message_id(text: str):
+    import pulsar
+
+    if text == EARLIEST:
+        return pulsar.MessageId.earliest
+    pos = Position.parse(text)
+    return pulsar.MessageId(pos.partition, pos.ledger, pos.entry, pos.batch)
+
+
+def id_text(message_id) -> str:
+    return f"{message_id.ledger_id()}:{message_id.entry_id()}:{message_id.partition()}:{message_id.batch_index()}"
+
+
+def partition_topic(topic: str, partition: str) -> str:
+    """The Pulsar topic name of a partition key ('-1' is a non-partitioned topic)."""
+    return topic if partition == "-1" else f"{topic}-partition-{partition}"
+
+
+def open_reader(service_url: str, topic: str, start_id: str, receiver_queue: int = 5000):
+    """A non-durable reader positioned right after ``start_id`` (or at the earliest message)."""
+    try:
+        return pulsar_client(service_url).create_reader(
+            topic, to_message_id(start_id), receiver_queue_size=receiver_queue)
+    except Exception as exc:  # the C++ client raises its own types (Timeout, TopicNotFound, …)
+        raise SourceError(f"cannot open a reader on {topic!r} at {start_id!r} via {service_url!r}: {exc}") from exc
+
+
+def list_partitions(service_url: str, topic: str) -> list[str]:
+    """Partition keys of a topic: ['-1'] when it is not partitioned."""
+    try:
+        names = pulsar_client(service_url).get_topic_partitions(topic)
+    except Exception as exc:
+        raise SourceError(f"cannot look up partitions of {topic!r} via {service_url!r}: {exc}") from exc
+    if len(names) == 1 and names[0] == topic:
+        return ["-1"]
+    return [name.rsplit("-partition-", 1)[1] for name in names]
+
+
+def read_range(service_url: str, topic: str, kind: str, rng: Range, read_timeout_s: float = 60.0) -> Iterator:
+    """Yield Arrow batches with exactly the ``rng.count`` messages after ``rng.start_id``.
+
+    # {"kind": "orders", "topic": "persistent://…/orders", "partition": -1, "message_id": "0:5:-1:2",
+    #  "position": 42, "generation": 0, "key": "1001", "value": b'{…}', "publish_time": ts, "properties": None}
+    """
+    import pyarrow as pa
+
+    reader = open_reader(service_url, partition_topic(topic, rng.partition), rng.start_id)
+    schema = arrow_schema()
+    columns = _empty_columns()
+    partition = int(rng.partition)
+    deadline = time.monotonic() + read_timeout_s
+    try:
+        for position in range(rng.start_n + 1, rng.end_n + 1):
+            message = _read_next(reader, topic, deadline)
+            props = message.properties()
+            columns["kind"].append(kind)
+            columns["topic"].append(topic)
+            columns["partition"].append(partition)
+            columns["message_id"].append(id_text(message.message_id()))
+            columns["position"].append(position)
+            columns["generation"].append(rng.gen)
+            columns["key"].append(message.partition_key() or None)
+            columns["value"].append(message.data())
+            columns["publish_time"].append(message.publish_timestamp() * 1000)
+            columns["properties"].append(json.dumps(props, sort_keys=True) if props else None)
+            if len(columns["kind"]) >= ARROW_BATCH_ROWS:
+                yield pa.RecordBatch.from_pydict(columns, schema=schema)
+                columns = _empty_columns()
+        if columns["kind"]:
+            last = columns["message_id"][-1]
+            if last != rng.end_id and rng.end_id != EARLIEST:
+                raise SourceError(f"{topic!r} partition {rng.partition}: expected to end at {rng.end_id}, read {last}; "
+                                  "the topic changed under the source (was it truncated or recreated?)")
+            yield pa.RecordBatch.from_pydict(columns, schema=schema)
+    finally:
+        reader.close()
+
+
+def _read_next(reader, topic: str, deadline: float):
+    import pulsar
+
+    while True:
+        try:
+            return reader.read_next(1000)
+        except pulsar.Timeout:
+            if time.monotonic() > deadline:
+                raise SourceError(f"timed out re-reading committed messages of {topic!r}; is the broker up?") from None
+
+
+def _empty_columns() -> dict[str, list]:
+    return {name: [] for name in ("kind", "topic", "partition", "message_id", "position", "generation",
+                                  "key", "value", "publish_time", "properties")}
+
+
+def arrow_schema():
+    import pyarrow as pa
+
+    return pa.schema([
+        ("kind", pa.string()), ("topic", pa.string()), ("partition", pa.int32()), ("message_id", pa.string()),
+        ("position", pa.int64()), ("generation", pa.int64()), ("key", pa.string()), ("value", pa.binary()),
+        ("publish_time", pa.timestamp("us", tz="UTC")), ("properties", pa.string()),
+    ])
+
+
+SPARK_SCHEMA = ("kind string, topic string, partition int, message_id string, position long, generation long, "
+                "key string, value binary, publish_time timestamp, properties string")
+
+
+class PartitionCursor:
+    """Driver-side look-ahead over one partition of one generation.
+
+    Holds the ids of messages read ahead of ``base_n`` in compact int arrays (24 bytes each),
+    at most ``max_ahead`` of them, so ``id_at(n)`` can end a batch after any number of rows.
+    """
+
+    def __init__(self, service_url: str, topic: str, partition: str, start_id: str, start_n: int, max_ahead: int):
+        self.topic, self.partition = topic, partition
+        self.base_n, self.base_id = start_n, start_id  # position and id of the last consumed message
+        self.max_ahead = max_ahead
+        self._ledgers, self._entries, self._batches = array("q"), array("q"), array("q")
+        self._reader = open_reader(service_url, partition_topic(topic, partition), start_id)
+
+    @property
+    def known_n(self) -> int:
+        """The newest position seen so far (a lower bound of the latest position)."""
+        return self.base_n + len(self._ledgers)
+
+    def matches(self, start_id: str, start_n: int) -> bool:
+        return self.base_n <= start_n <= self.known_n and self.id_at(start_n) == start_id
+
+    def id_at(self, n: int) -> str:
+        if n == self.base_n:
+            return self.base_id
+        i = n - self.base_n - 1
+        return f"{self._ledgers[i]}:{self._entries[i]}:{int(self.partition)}:{self._batches[i]}"
+
+    def advance_to(self, n: int) -> None:
+        """Forget ids up to position ``n`` (consumed by a planned batch)."""
+        if n <= self.base_n:
+            return
+        self.base_id = self.id_at(n)
+        drop = n - self.base_n
+        del self._ledgers[:drop], self._entries[:drop], self._batches[:drop]
+        self.base_n = n
+
+    def poll(self, budget_s: float = 0.2, first_wait_ms: int = 20) -> int:
+        """Read ahead for up to ``budget_s`` or until nothing more is there; returns rows read."""
+        import pulsar
+
+        read = 0
+        deadline = time.monotonic() + budget_s
+        wait_ms = first_wait_ms
+        while len(self._ledgers) < self.max_ahead and time.monotonic() < deadline:
+            try:
+                mid = self._reader.read_next(wait_ms).message_id()
+            except pulsar.Timeout:
+                break
+            except Exception as exc:
+                raise SourceError(f"reading ahead on {self.topic!r} partition {self.partition} failed: {exc}") from exc
+            self._ledgers.append(mid.ledger_id())
+            self._entries.append(mid.entry_id())
+            self._batches.append(mid.batch_index())
+            read += 1
+            wait_ms = 2  # the receiver queue is warm; a short wait means we reached the end
+        return read
+
+    def close(self) -> None:
+        try:
+            self._reader.close()
+        except Exception:  # closing a reader of a dead broker must not mask the real error
+            pass
+
+
+def find_position_before(service_url: str, topic: str, partition: str, time_ms: int, timeout_s: float = 120.0) -> str:
+    """The id of the last message published before ``time_ms`` (EARLIEST if none), by scanning.
+
+    pulsar-lite's seek is broken, so this reads from the start; it runs once per replay request.
+    """
+    import pulsar
+
+    reader = open_reader(service_url, partition_topic(topic, partition), EARLIEST)
+    previous = EARLIEST
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            try:
+                message = reader.read_next(200)
+            except pulsar.Timeout:
+                return previous
+            if message.publish_timestamp() >= time_ms:
+                return previous
+            previous = id_text(message.message_id())
+        raise SourceError(f"scanning {topic!r} for time {time_ms} took over {timeout_s:.0f}s")
+    finally:
+        reader.close()
+
+
+def last_message_id(service_url: str, topic: str, partition: str) -> str | None:
+    """The id of the newest message, via a non-durable consumer (None for an empty topic)."""
+    import pulsar
+
+    client = pulsar_client(service_url)
+    try:
+        consumer = client.subscribe(partition_topic(topic, partition), f"ss-probe-{time.time_ns()}",
+                                    subscription_mode=pulsar.SubscriptionMode.NonDurable)
+    except Exception as exc:
+        raise SourceError(f"cannot probe the last message of {topic!r}: {exc}") from exc
+    try:
+        mid = consumer.get_last_message_id()
+    except Exception:  # pulsar-lite raises on an empty topic
+        return None
+    finally:
+        consumer.close()
+    if mid.entry_id() < 0:
+        return None
+    return id_text(mid)
