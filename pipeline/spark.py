@@ -48,6 +48,8 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.python.worker.reuse", "true")
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "true")
+        # Spark's stop path runs a deep regex over long Python tracebacks; give threads room.
+        .config("spark.driver.extraJavaOptions", "-Xss16m")
     )
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

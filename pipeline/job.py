@@ -1,0 +1,163 @@
+"""The enrichment job: read → parse → UserLookup → ItemLookup → sinks, with a restart strategy.
+
+``python -m pipeline run`` calls :func:`run_forever`. The query plan is one chain::
+
+    pulsar source ─ mapInArrow(parse) ─ groupBy(user_bucket).transformWithState(UserLookup)
+                  ─ groupBy(item_bucket).transformWithState(ItemLookup) ─ foreachBatch(stage sinks)
+
+On failure the query restarts from its last checkpoint up to ``job.restart.attempts`` times,
+``job.restart.delay`` apart; each attempt is an event. Sink or checkpoint path errors stop the
+job at once: retrying cannot fix a full disk or a read-only folder.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import threading
+import time
+
+from pipeline import store
+from pipeline.broker import EmbeddedBroker, running_embedded_url
+from pipeline.config import Settings
+from pipeline.errors import SinkError, StatefulStreamsError
+from pipeline.metrics import MetricsStore
+from pipeline.sinks import SinkWriter, last_committed_batch
+
+log = logging.getLogger(__name__)
+NON_RETRYABLE = ("SinkError", "Permission denied", "No space left on device", "Read-only file system")
+
+
+class JobFailed(StatefulStreamsError):
+    """The job stopped: its restart attempts are spent, or the error cannot be retried."""
+
+
+def summarize_error(text: str) -> str:
+    """One line for an operator from a (possibly Java- and Python-wrapped) exception text."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    for pattern in (r"^pipeline\.errors\.\w+: .+", r"^\w*(Error|Exception): .+"):
+        found = [line for line in lines if re.match(pattern, line)]
+        if found:
+            return found[-1][:500]
+    return (lines[0] if lines else "unknown error")[:500]
+
+
+def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter):
+    """Start the streaming query (returns the StreamingQuery)."""
+    from pipeline.enrich.parse import parser
+    from pipeline.enrich.processors import ItemLookup, UserLookup
+    from pipeline.enrich.rules import ENVELOPE_SPARK_SCHEMA
+    from pipeline.source.datasource import PulsarDataSource
+
+    spark.dataSource.register(PulsarDataSource)
+    data_dir = settings.data_dir
+    topics = ",".join(f"{kind}={topic}" for kind, topic in settings.topics.items())
+    source = (spark.readStream.format("pulsar").option("service_url", service_url).option("topics", topics)
+              .option("maxRowsPerBatch", settings["job.max_rows_per_batch"])
+              .option("controlDir", str(store.replay_requests_dir(data_dir))).load())
+    # {"kind": "orders", "topic": …, "partition": -1, "message_id": "0:5:-1:2", "position": 42, "key": "1001", "value": b"…"}
+    envelopes = source.mapInArrow(parser(settings["job.buckets"]), ENVELOPE_SPARK_SCHEMA)
+    # {"op": "order", "user_bucket": 3, "item_bucket": 9, "user_id": 17, "item_id": 4, "record": "{…}", …}
+    with_user = envelopes.groupBy("user_bucket").transformWithState(
+        UserLookup(settings.max_wait_ms), ENVELOPE_SPARK_SCHEMA, "Append", "ProcessingTime")
+    # {…, "user_record": "{…}" | None, "user_state": "found" | "missing", "first_seen_ms": …}
+    final = with_user.groupBy("item_bucket").transformWithState(
+        ItemLookup(settings.max_wait_ms), ENVELOPE_SPARK_SCHEMA, "Append", "ProcessingTime")
+    # {…, "item_record": "{…}" | None, "sink": "enriched" | "missing_state" | "dead_letter", "reason": …}
+
+    def write_batch(batch_df, batch_id: int) -> None:
+        writer.write_envelopes(batch_df.toArrow().to_pylist(), batch_id)
+
+    interval_ms = int(settings["job.trigger_interval"] * 1000)
+    return (final.writeStream.queryName("enrichment").foreachBatch(write_batch)
+            .option("checkpointLocation", str(store.checkpoint_dir(data_dir)))
+            .trigger(processingTime=f"{interval_ms} milliseconds").start())
+
+
+def recover_sinks(writer: SinkWriter, settings: Settings) -> int:
+    """Publish batches committed just before a crash; drop staged ones Spark will re-run."""
+    last = last_committed_batch(store.checkpoint_dir(settings.data_dir))
+    writer.publish_committed(last)
+    writer.discard_uncommitted(last)
+    return last
+
+
+def connect_broker(settings: Settings) -> tuple[str, EmbeddedBroker | None]:
+    """The broker URL; with 'embedded' and none running, start one owned by this process."""
+    if not settings.is_embedded:
+        return settings.service_url, None
+    url = running_embedded_url(settings.data_dir)
+    if url:
+        return url, None
+    broker = EmbeddedBroker(settings.data_dir).start()
+    return broker.service_url, broker
+
+
+def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event | None = None) -> None:
+    """Run the job until stopped (Ctrl-C / SIGTERM / ``stop``), ``max_batches`` are done, or it fails for good."""
+    from pyspark.errors import StreamingQueryException
+
+    from pipeline.listener import JobListener
+    from pipeline.spark import build_spark
+    from pipeline.topics import ensure_topics
+
+    service_url, own_broker = connect_broker(settings)
+    metrics_store = MetricsStore(settings.data_dir)
+    writer = SinkWriter(settings.data_dir)
+    stop = stop or threading.Event()
+    batches_done = [0]
+    listener = None
+
+    def on_batch(batch_id: int) -> None:
+        batches_done[0] += 1
+        if max_batches and batches_done[0] >= max_batches:
+            stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        ensure_topics(settings, service_url)
+        spark = build_spark(settings)
+        sc = spark.sparkContext
+        listener = JobListener(metrics_store, writer, store.checkpoint_dir(settings.data_dir),
+                               int(settings["job.trigger_interval"] * 1000), sc.uiWebUrl, sc.applicationId, on_batch)
+        spark.streams.addListener(listener)
+        attempts, delay = settings["job.restart.attempts"], settings["job.restart.delay"]
+        metrics_store.event("job_started", f"job started on {settings['spark.master']} reading {service_url}",
+                            settings=settings.redacted())
+        attempt = 0
+        while True:
+            last = recover_sinks(writer, settings)
+            query = build_query(spark, settings, service_url, writer)
+            try:
+                while query.isActive and not stop.is_set():
+                    query.awaitTermination(0.5)
+                if stop.is_set():
+                    query.stop()
+                    metrics_store.event("job_stopped", f"job stopped after batch {last_committed_batch(store.checkpoint_dir(settings.data_dir))}")
+                    recover_sinks(writer, settings)
+                    return
+                query.awaitTermination()  # re-raises the query's failure, if any
+                return
+            except StreamingQueryException as exc:
+                error = summarize_error(exc.getMessage() if hasattr(exc, "getMessage") else str(exc))
+                if any(marker in str(exc) for marker in NON_RETRYABLE):
+                    metrics_store.event("job_failed", f"job stopped: {error}", error=error)
+                    raise (SinkError if "SinkError" in str(exc) else JobFailed)(error) from None
+                attempt += 1
+                if attempt > attempts:
+                    metrics_store.event("job_failed", f"job failed after {attempts} restarts: {error}", error=error)
+                    raise JobFailed(f"job failed after {attempts} restart attempts: {error}") from None
+                metrics_store.event("restart", f"restart {attempt}/{attempts} in {delay:g}s after: {error}",
+                                    attempt=attempt, max_attempts=attempts, error=error, delay_s=delay)
+                log.warning("query failed (%s); restart %d/%d in %gs", error, attempt, attempts, delay)
+                if stop.wait(delay):
+                    metrics_store.event("job_stopped", "job stopped while waiting to restart")
+                    return
+    finally:
+        if listener is not None:
+            spark.streams.removeListener(listener)
+        if own_broker is not None:
+            own_broker.stop()

@@ -1,0 +1,115 @@
+"""The query listener: publishes committed sink batches and records progress, tasks and replays.
+
+Spark calls ``onQueryProgress`` on the driver after a batch is in the commit log, so that is
+where staged sink files become visible. Task metrics come from Spark's REST API (the UI binds
+127.0.0.1) on a background thread, so the listener bus never waits on HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import urllib.request
+from pathlib import Path
+
+from pyspark.sql.streaming import StreamingQueryListener
+
+from pipeline import metrics
+from pipeline.metrics import MetricsStore
+from pipeline.sinks import SinkWriter
+
+log = logging.getLogger(__name__)
+
+
+class JobListener(StreamingQueryListener):
+    """One per job process; ``on_batch`` lets the job count batches (for ``--max-batches``)."""
+
+    def __init__(self, store: MetricsStore, writer: SinkWriter, checkpoint: Path, trigger_interval_ms: int,
+                 ui_url: str | None, app_id: str, on_batch=None):
+        self.store, self.writer, self.checkpoint = store, writer, Path(checkpoint)
+        self.trigger_interval_ms = trigger_interval_ms
+        self.on_batch = on_batch
+        self.replays = _replay_state(store.data_dir)
+        self._tasks: queue.Queue = queue.Queue(maxsize=100)
+        if ui_url:
+            threading.Thread(target=self._fetch_tasks_forever, args=(ui_url.rstrip("/"), app_id),
+                             name="task-metrics", daemon=True).start()
+
+    def onQueryStarted(self, event) -> None:
+        pass
+
+    def onQueryIdle(self, event) -> None:
+        pass
+
+    def onQueryTerminated(self, event) -> None:
+        pass
+
+    def onQueryProgress(self, event) -> None:
+        try:
+            progress = json.loads(event.progress.json)
+            batch_id = progress["batchId"]
+            self.writer.publish_committed(batch_id)
+            row = metrics.build_progress_row(progress, self.trigger_interval_ms, self.writer.last_counts.get(batch_id),
+                                             metrics.directory_size(self.checkpoint / "state"))
+            self.store.append("progress", row)
+            self._record_replays(row)
+            try:
+                self._tasks.put_nowait((batch_id, row["ts_ms"]))
+            except queue.Full:
+                pass
+            if self.on_batch:
+                self.on_batch(batch_id)
+        except Exception:  # a listener error must never take the job down; it is logged
+            log.exception("query listener failed on a progress event")
+
+    def _record_replays(self, row: dict) -> None:
+        for topic in row["topics"]:
+            seq = topic["generation"]
+            if not seq:
+                continue
+            state = self.replays.setdefault(seq, {})
+            if "started" not in state:
+                state["started"] = row["ts_ms"]
+                self.store.event("replay_started", f"replay #{seq} of {topic['topic']} started",
+                                 seq=seq, topic=topic["topic"], target_position=None)
+            if not topic["replaying"] and "finished" not in state:
+                state["finished"] = row["ts_ms"]
+                self.store.event("replay_finished", f"replay #{seq} of {topic['topic']} re-applied "
+                                 f"{topic['end_position']} messages", seq=seq, topic=topic["topic"],
+                                 messages=topic["end_position"], duration_ms=row["ts_ms"] - state["started"])
+
+    def _fetch_tasks_forever(self, ui_url: str, app_id: str) -> None:
+        base = f"{ui_url}/api/v1/applications/{app_id}"
+        while True:
+            batch_id, ts_ms = self._tasks.get()
+            try:
+                jobs = _get_json(f"{base}/jobs")
+                marker = f"batch = {batch_id}"
+                stage_ids = sorted({s for job in jobs if marker in (job.get("description") or "").split("\n")
+                                    for s in job.get("stageIds", [])})
+                stages = []
+                for stage_id in stage_ids:
+                    for attempt in _get_json(f"{base}/stages/{stage_id}?details=true"):
+                        if attempt.get("status") == "COMPLETE":
+                            stages.append(attempt)
+                for row in metrics.task_rows_from_stages(batch_id, stages, ts_ms):
+                    self.store.append("tasks", row)
+            except Exception as exc:  # the UI may be off or busy; task rows are best effort per batch
+                log.info("no task metrics for batch %s: %s", batch_id, exc)
+
+
+def _get_json(url: str):
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def _replay_state(data_dir: Path) -> dict[int, dict]:
+    """Which replays were already reported started/finished (so restarts do not repeat events)."""
+    state: dict[int, dict] = {}
+    for row in metrics.read_events(data_dir, ("replay_started", "replay_finished")):
+        seq = row.get("details", {}).get("seq")
+        if seq is not None:
+            state.setdefault(seq, {})["started" if row["kind"] == "replay_started" else "finished"] = row["ts_ms"]
+    return state

@@ -1,0 +1,174 @@
+"""The metrics store: append-only JSON Lines of progress, tasks and events (DESIGN.md §6).
+
+Files are ``<data_dir>/metrics/<stream>/<YYYY-MM-DD>.jsonl``. Each row is written with one
+``write`` on a file opened for appending, so DuckDB can read while the job writes (a reader
+may see a half line at the end and skips it). Nothing here holds a lock the console needs.
+
+- :func:`build_progress_row` turns Spark's progress JSON into our row (pure).
+- :func:`task_rows_from_stages` turns Spark's REST task lists into ``tasks`` rows (pure).
+- :class:`MetricsStore` appends rows; :func:`read_events` reads them back for the job itself.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from pipeline import store
+from pipeline.source.offsets import replay_finished
+
+STATEFUL_STAGES = ("user_lookup", "item_lookup")  # in plan order: the 1st and 2nd shuffle reads
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+
+
+class MetricsStore:
+    """Appends rows to the three metric streams; safe to call from several threads."""
+
+    def __init__(self, data_dir: Path):
+        self.data_dir = Path(data_dir)
+        self._lock = threading.Lock()
+
+    def append(self, stream: str, row: dict) -> None:
+        folder = store.metrics_dir(self.data_dir, stream)
+        ts = row.get("ts_ms") or now_ms()
+        day = datetime.fromtimestamp(ts / 1000, tz=timezone.utc).strftime("%Y-%m-%d")
+        line = json.dumps(row, separators=(",", ":"), default=str) + "\n"
+        with self._lock:
+            folder.mkdir(parents=True, exist_ok=True)
+            with open(folder / f"{day}.jsonl", "a", encoding="utf-8") as handle:
+                handle.write(line)
+
+    def event(self, kind: str, message: str, **details) -> dict:
+        ts = now_ms()
+        row = {"ts": iso(ts), "ts_ms": ts, "kind": kind, "message": message, "details": details}
+        self.append("events", row)
+        return row
+
+
+def read_rows(data_dir: Path, stream: str) -> list[dict]:
+    """All rows of a stream, oldest first, skipping a half-written last line."""
+    rows = []
+    folder = store.metrics_dir(data_dir, stream)
+    for path in sorted(folder.glob("*.jsonl")) if folder.exists() else []:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+    return rows
+
+
+def read_events(data_dir: Path, kinds: tuple[str, ...] = ()) -> list[dict]:
+    return [row for row in read_rows(data_dir, "events") if not kinds or row.get("kind") in kinds]
+
+
+def _offset(text) -> dict:
+    if not text:
+        return {}
+    return json.loads(text) if isinstance(text, str) else text
+
+
+def topic_rows(start: dict, end: dict, latest: dict) -> list[dict]:
+    """Per-topic rows, positions and backlog from the source's start/end/latest offsets."""
+    result = []
+    for topic, end_topic in end.items():
+        start_topic = start.get(topic) or {}
+        same_gen = start_topic.get("gen") == end_topic["gen"]
+        latest_topic = latest.get(topic) or {}
+        partitions, total, end_pos, latest_pos = [], 0, 0, 0
+        latest_known = latest_topic.get("gen") == end_topic["gen"]
+        for p, part in sorted(end_topic["parts"].items()):
+            begin = start_topic.get("parts", {}).get(p, {}).get("n", 0) if same_gen else 0
+            rows = part["n"] - begin
+            partitions.append({"partition": int(p), "rows": rows})
+            total += rows
+            end_pos += part["n"]
+            latest_n = latest_topic.get("parts", {}).get(p, {}).get("n") if latest_known else None
+            latest_pos += latest_n if latest_n is not None else part["n"]
+        result.append({
+            "topic": topic, "generation": end_topic["gen"], "rows": total, "end_position": end_pos,
+            "latest_position": latest_pos if latest_known else None,
+            "backlog": max(0, latest_pos - end_pos) if latest_known else None,
+            "replaying": bool(end_topic.get("target")) and not replay_finished(end_topic),
+            "partitions": partitions,
+        })
+    return result
+
+
+def build_progress_row(progress: dict, trigger_interval_ms: int, sink_rows: dict | None,
+                       state_size_bytes: int | None) -> dict:
+    """Our ``progress`` row from Spark's StreamingQueryProgress JSON (see the module docstring)."""
+    ts = int(datetime.strptime(progress["timestamp"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp() * 1000)
+    source = (progress.get("sources") or [{}])[0]
+    topics = topic_rows(_offset(source.get("startOffset")), _offset(source.get("endOffset")),
+                        _offset(source.get("latestOffset")))
+    operators = progress.get("stateOperators") or []
+    state = []
+    for name, op in zip(STATEFUL_STAGES, operators):
+        custom = op.get("customMetrics") or {}
+        state.append({"operator": name, "rows_total": op.get("numRowsTotal", 0), "rows_updated": op.get("numRowsUpdated", 0),
+                      "memory_bytes": op.get("memoryUsedBytes", 0), "commit_ms": op.get("commitTimeMs", 0),
+                      "custom": custom})
+    return {
+        "ts": progress["timestamp"], "ts_ms": ts, "query_id": progress.get("id"), "run_id": progress.get("runId"),
+        "batch_id": progress["batchId"], "num_input_rows": progress.get("numInputRows", 0),
+        "input_rows_per_second": _finite(progress.get("inputRowsPerSecond")),
+        "processed_rows_per_second": _finite(progress.get("processedRowsPerSecond")),
+        "trigger_interval_ms": trigger_interval_ms, "batch_duration_ms": progress.get("batchDuration", 0),
+        "duration_ms": progress.get("durationMs") or {}, "topics": topics, "state": state,
+        "sink_rows": sink_rows or {"enriched": 0, "missing_state": 0, "dead_letter": 0},
+        "state_size_bytes": state_size_bytes,
+    }
+
+
+def _finite(value) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return 0.0
+    return number if number == number and abs(number) != float("inf") else 0.0
+
+
+def task_rows_from_stages(batch_id: int, stages: list[dict], ts_ms: int) -> list[dict]:
+    """``tasks`` rows for the stateful stages of one batch.
+
+    ``stages`` are Spark REST stage details (with ``tasks``) of the batch's jobs; the stages
+    that read a shuffle are the lookups, in plan order: user_lookup, then item_lookup.
+    """
+    reading = sorted((s for s in stages if s.get("shuffleReadRecords", 0) > 0 or _reads_shuffle(s)),
+                     key=lambda s: s["stageId"])
+    rows = []
+    for name, stage in zip(STATEFUL_STAGES, reading):
+        for task in (stage.get("tasks") or {}).values():
+            metrics = task.get("taskMetrics") or {}
+            rows.append({"ts_ms": ts_ms, "batch_id": batch_id, "stage": name, "stage_id": stage["stageId"],
+                         "task": task.get("index", 0),
+                         "records": (metrics.get("shuffleReadMetrics") or {}).get("recordsRead", 0),
+                         "duration_ms": task.get("duration", metrics.get("executorRunTime", 0))})
+    return rows
+
+
+def _reads_shuffle(stage: dict) -> bool:
+    return any(((t.get("taskMetrics") or {}).get("shuffleReadMetrics") or {}).get("recordsRead", 0) > 0
+               for t in (stage.get("tasks") or {}).values())
+
+
+def directory_size(path: Path) -> int:
+    total = 0
+    for child in Path(path).rglob("*"):
+        try:
+            if child.is_file():
+                total += child.stat().st_size
+        except OSError:
+            continue
+    return total
