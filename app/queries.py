@@ -1,0 +1,448 @@
+"""The console's DuckDB queries: plain ``(connection, params) -> DataFrame`` functions.
+
+Each function aggregates in DuckDB and returns a small frame, so a page never loads a whole
+sink into pandas. ``connection`` is a DuckDB connection or cursor (one per thread, see
+:func:`app.sources.connect`); ``data_dir`` is the job's data dir. Times come back as naive
+UTC timestamps; ``*_ms`` columns are epoch milliseconds. A missing sink or metrics folder
+reads as empty (:mod:`app.sources`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pandas as pd
+
+from app.console_math import LIFECYCLE_KINDS, compute_backlog
+from app.sources import DURATION_PHASES, metrics_relation, sink_relation
+
+Connection = duckdb.DuckDBPyConnection
+
+RATE_WINDOW_S = 60
+# The column each sink is timed by: when the job committed the row.
+SINK_TIME = {"enriched": "enriched_at", "missing_state": "detected_at", "dead_letter": "detected_at"}
+# Which reasons mean that a user or an item was missing, and the column holding its id.
+MISSING_KEYS = {
+    "user": ("user_id", ("user", "user_and_item")),
+    "item": ("item_id", ("item", "user_and_item")),
+}
+ORDER_KEYS = {"user": "user_id", "item": "item_id"}
+LATENCY_MS = "(epoch_ms(enriched_at) - epoch_ms(published_at))"
+
+
+def _frame(connection: Connection, sql: str, params: dict[str, Any] | None = None) -> pd.DataFrame:
+    return connection.execute(sql, params or {}).df()
+
+
+def _bucket(time_column: str, bucket_s: int) -> str:
+    """SQL for the start of the ``bucket_s``-second bucket a row falls in, as a timestamp.
+
+    Buckets are counted back from the window's end (``$end_ms``), so the newest one is as wide
+    as the others and a rate per bucket does not dip at the right edge of a chart.
+    """
+    width_ms = int(bucket_s) * 1000
+    return f"epoch_ms($end_ms - (($end_ms - epoch_ms({time_column})) // {width_ms} + 1) * {width_ms})"
+
+
+# ------------------------------------------------------------------------ live view
+
+
+def load_sink_totals(connection: Connection, data_dir: Path, now_ms: int) -> pd.DataFrame:
+    """One row per sink: committed ``rows``, rows of the last minute and that minute's rate.
+
+    ``rows_last_minute`` counts rows committed in the 60 s up to ``now_ms``;
+    ``rows_per_second`` is that count ÷ 60. ``oldest_ms`` / ``newest_ms`` are the commit
+    times of the sink's oldest and newest rows.
+    """
+    parts = [
+        f"""SELECT '{sink}' AS sink, count(*) AS "rows",
+               count(*) FILTER (WHERE epoch_ms({column}) > $now_ms - {RATE_WINDOW_S * 1000}
+                                  AND epoch_ms({column}) <= $now_ms) AS rows_last_minute,
+               min(epoch_ms({column})) AS oldest_ms, max(epoch_ms({column})) AS newest_ms
+            FROM {sink_relation(data_dir, sink)}"""
+        for sink, column in SINK_TIME.items()
+    ]
+    frame = _frame(connection, " UNION ALL ".join(parts), {"now_ms": int(now_ms)})
+    frame["rows_per_second"] = frame["rows_last_minute"] / RATE_WINDOW_S
+    return frame
+
+
+def load_throughput(connection: Connection, data_dir: Path, window_end_ms: int, window_s: int, bucket_s: int) -> pd.DataFrame:
+    """Rows committed per sink and time bucket in the window: ``bucket_start, sink, rows, rows_per_second``."""
+    parts = [
+        f"""SELECT {_bucket(column, bucket_s)} AS bucket_start, '{sink}' AS sink, count(*) AS "rows"
+            FROM {sink_relation(data_dir, sink)}
+            WHERE epoch_ms({column}) > $end_ms - $window_ms AND epoch_ms({column}) <= $end_ms
+            GROUP BY 1"""
+        for sink, column in SINK_TIME.items()
+    ]
+    sql = " UNION ALL ".join(parts) + " ORDER BY bucket_start, sink"
+    frame = _frame(connection, sql, {"end_ms": int(window_end_ms), "window_ms": int(window_s) * 1000})
+    frame["rows_per_second"] = frame["rows"] / bucket_s
+    return frame
+
+
+def load_latency_over_time(connection: Connection, data_dir: Path, window_end_ms: int, window_s: int, bucket_s: int) -> pd.DataFrame:
+    """End-to-end latency (published → enriched) per bucket: ``bucket_start, orders, p50_ms, p99_ms``.
+
+    Percentiles interpolate linearly between the two nearest orders (``quantile_cont``).
+    """
+    sql = f"""
+        SELECT {_bucket('enriched_at', bucket_s)} AS bucket_start, count(*) AS orders,
+               quantile_cont({LATENCY_MS}, 0.5) AS p50_ms, quantile_cont({LATENCY_MS}, 0.99) AS p99_ms
+        FROM {sink_relation(data_dir, 'enriched')}
+        WHERE epoch_ms(enriched_at) > $end_ms - $window_ms AND epoch_ms(enriched_at) <= $end_ms
+        GROUP BY 1 ORDER BY 1"""
+    return _frame(connection, sql, {"end_ms": int(window_end_ms), "window_ms": int(window_s) * 1000})
+
+
+def load_latency_summary(connection: Connection, data_dir: Path, window_end_ms: int, window_s: int) -> pd.DataFrame:
+    """End-to-end latency over the whole window, one row: ``orders, p50_ms, p99_ms, max_ms``."""
+    sql = f"""
+        SELECT count(*) AS orders, quantile_cont({LATENCY_MS}, 0.5) AS p50_ms,
+               quantile_cont({LATENCY_MS}, 0.99) AS p99_ms, max({LATENCY_MS}) AS max_ms
+        FROM {sink_relation(data_dir, 'enriched')}
+        WHERE epoch_ms(enriched_at) > $end_ms - $window_ms AND epoch_ms(enriched_at) <= $end_ms"""
+    return _frame(connection, sql, {"end_ms": int(window_end_ms), "window_ms": int(window_s) * 1000})
+
+
+def load_newest_enriched(connection: Connection, data_dir: Path, limit: int = 20) -> pd.DataFrame:
+    """The newest enriched orders with the user and item they were enriched with."""
+    sql = f"""
+        SELECT CAST(enriched_at AS TIMESTAMP) AS enriched_at, invoice_id, line_item_id,
+               user_id, user_first_name || ' ' || user_last_name AS user_name, user_email,
+               item_id, item_name, item_category, price, waited_ms,
+               {LATENCY_MS} AS latency_ms, batch_id, source_message_id
+        FROM {sink_relation(data_dir, 'enriched')}
+        ORDER BY enriched_at DESC, invoice_id DESC, line_item_id DESC
+        LIMIT $limit"""
+    return _frame(connection, sql, {"limit": int(limit)})
+
+
+# ---------------------------------------------------------------------- missing state
+
+
+def load_missing_orders(
+    connection: Connection,
+    data_dir: Path,
+    invoice_id: int | None = None,
+    user_id: int | None = None,
+    item_id: int | None = None,
+    limit: int = 200,
+) -> pd.DataFrame:
+    """Missing-state orders matching every id given (newest first), and what happened since.
+
+    ``user_seen_at`` / ``item_seen_at``: the earliest ``enriched_at`` after the order's
+    ``detected_at`` of an enriched order with the same user / item, i.e. when that key
+    appeared in state; NULL if it has not appeared yet. ``redrive_enriched_at`` and
+    ``redrive_missing_at`` say what became of a re-drive of this order, if any.
+    """
+    enriched = sink_relation(data_dir, "enriched")
+    missing = sink_relation(data_dir, "missing_state")
+    sql = f"""
+        WITH picked AS (
+            SELECT row_number() OVER (ORDER BY detected_at DESC, invoice_id DESC, line_item_id DESC) AS row_key, *
+            FROM {missing}
+            WHERE ($invoice_id IS NULL OR invoice_id = $invoice_id)
+              AND ($user_id IS NULL OR user_id = $user_id)
+              AND ($item_id IS NULL OR item_id = $item_id)
+            ORDER BY row_key LIMIT $limit
+        ),
+        later_users AS (
+            SELECT p.row_key, min(e.enriched_at) AS seen_at
+            FROM picked p JOIN (SELECT user_id, enriched_at FROM {enriched}
+                                WHERE user_id IN (SELECT user_id FROM picked)) e
+              ON e.user_id = p.user_id AND e.enriched_at > p.detected_at
+            GROUP BY 1
+        ),
+        later_items AS (
+            SELECT p.row_key, min(e.enriched_at) AS seen_at
+            FROM picked p JOIN (SELECT item_id, enriched_at FROM {enriched}
+                                WHERE item_id IN (SELECT item_id FROM picked)) e
+              ON e.item_id = p.item_id AND e.enriched_at > p.detected_at
+            GROUP BY 1
+        ),
+        redrive_enriched AS (
+            SELECT redrive_of, min(enriched_at) AS at FROM {enriched}
+            WHERE redrive_of IN (SELECT source_message_id FROM picked) GROUP BY 1
+        ),
+        redrive_missing AS (
+            SELECT redrive_of, max(detected_at) AS at FROM {missing}
+            WHERE redrive_of IN (SELECT source_message_id FROM picked) GROUP BY 1
+        )
+        SELECT CAST(p.detected_at AS TIMESTAMP) AS detected_at, p.invoice_id, p.line_item_id,
+               p.user_id, p.item_id, p.item_name, p.price, p.reason, p.waited_ms,
+               CAST(lu.seen_at AS TIMESTAMP) AS user_seen_at, CAST(li.seen_at AS TIMESTAMP) AS item_seen_at,
+               CAST(re.at AS TIMESTAMP) AS redrive_enriched_at, CAST(rm.at AS TIMESTAMP) AS redrive_missing_at,
+               p.redrive_of, p.source_message_id, CAST(p.created_at AS TIMESTAMP) AS created_at
+        FROM picked p
+        LEFT JOIN later_users lu ON lu.row_key = p.row_key
+        LEFT JOIN later_items li ON li.row_key = p.row_key
+        LEFT JOIN redrive_enriched re ON re.redrive_of = p.source_message_id
+        LEFT JOIN redrive_missing rm ON rm.redrive_of = p.source_message_id
+        ORDER BY p.row_key"""
+    params = {"invoice_id": invoice_id, "user_id": user_id, "item_id": item_id, "limit": int(limit)}
+    return _frame(connection, sql, params)
+
+
+def load_missing_totals(connection: Connection, data_dir: Path) -> pd.DataFrame:
+    """Missing-state orders per reason over the whole sink: ``reason, orders``."""
+    sql = f"""SELECT reason, count(*) AS orders FROM {sink_relation(data_dir, 'missing_state')}
+              GROUP BY 1 ORDER BY orders DESC, reason"""
+    return _frame(connection, sql)
+
+
+def load_missing_by_reason(connection: Connection, data_dir: Path, window_end_ms: int, window_s: int, bucket_s: int) -> pd.DataFrame:
+    """Missing-state orders per reason and time bucket: ``bucket_start, reason, orders``."""
+    sql = f"""
+        SELECT {_bucket('detected_at', bucket_s)} AS bucket_start, reason, count(*) AS orders
+        FROM {sink_relation(data_dir, 'missing_state')}
+        WHERE epoch_ms(detected_at) > $end_ms - $window_ms AND epoch_ms(detected_at) <= $end_ms
+        GROUP BY 1, 2 ORDER BY 1, 2"""
+    return _frame(connection, sql, {"end_ms": int(window_end_ms), "window_ms": int(window_s) * 1000})
+
+
+def load_top_missing_keys(connection: Connection, data_dir: Path, key: str, limit: int = 10) -> pd.DataFrame:
+    """The users or items (``key``) most often missing: ``key_id, missing_orders, last_detected_at, seen_since_at``.
+
+    ``seen_since_at`` is the earliest enriched order for that key after its last miss.
+    """
+    column, reasons = MISSING_KEYS[key]
+    reason_list = ", ".join(f"'{reason}'" for reason in reasons)
+    sql = f"""
+        WITH top AS (
+            SELECT {column} AS key_id, count(*) AS missing_orders, max(detected_at) AS last_detected_at
+            FROM {sink_relation(data_dir, 'missing_state')}
+            WHERE reason IN ({reason_list})
+            GROUP BY 1 ORDER BY missing_orders DESC, key_id LIMIT $limit
+        ),
+        seen AS (
+            SELECT t.key_id, min(e.enriched_at) AS seen_since_at
+            FROM top t JOIN (SELECT {column}, enriched_at FROM {sink_relation(data_dir, 'enriched')}
+                             WHERE {column} IN (SELECT key_id FROM top)) e
+              ON e.{column} = t.key_id AND e.enriched_at > t.last_detected_at
+            GROUP BY 1
+        )
+        SELECT t.key_id, t.missing_orders, CAST(t.last_detected_at AS TIMESTAMP) AS last_detected_at,
+               CAST(s.seen_since_at AS TIMESTAMP) AS seen_since_at
+        FROM top t LEFT JOIN seen s USING (key_id)
+        ORDER BY t.missing_orders DESC, t.key_id"""
+    return _frame(connection, sql, {"limit": int(limit)})
+
+
+# ------------------------------------------------------------------------------ skew
+
+
+def load_key_load(connection: Connection, data_dir: Path, key: str, limit: int = 10, top_fraction: float = 0.01) -> pd.DataFrame:
+    """Orders per user or item id (enriched and missing), hottest first, with the key spread.
+
+    Returns the ``limit`` hottest keys as ``key_id, orders, share``; every row also carries
+    ``total_keys, total_orders`` and ``top_keys, top_orders, top_share``: how many keys make
+    the top ``top_fraction`` (at least one) and the share of all orders they hold.
+    """
+    column = ORDER_KEYS[key]
+    sql = f"""
+        WITH counts AS (
+            SELECT key_id, count(*) AS orders FROM (
+                SELECT {column} AS key_id FROM {sink_relation(data_dir, 'enriched')}
+                UNION ALL SELECT {column} FROM {sink_relation(data_dir, 'missing_state')}
+            ) GROUP BY 1
+        ),
+        ranked AS (
+            SELECT key_id, orders, row_number() OVER (ORDER BY orders DESC, key_id) AS rank,
+                   count(*) OVER () AS total_keys, CAST(sum(orders) OVER () AS BIGINT) AS total_orders
+            FROM counts
+        ),
+        spread AS (
+            SELECT greatest(1, CAST(ceil(any_value(total_keys) * $fraction) AS BIGINT)) AS top_keys FROM ranked
+        ),
+        top_total AS (
+            SELECT CAST(sum(orders) AS BIGINT) AS top_orders FROM ranked, spread WHERE rank <= top_keys
+        )
+        SELECT key_id, orders, orders / total_orders AS share, total_keys, total_orders,
+               top_keys, top_orders, top_orders / total_orders AS top_share
+        FROM ranked, spread, top_total
+        WHERE rank <= $limit ORDER BY rank"""
+    return _frame(connection, sql, {"limit": int(limit), "fraction": float(top_fraction)})
+
+
+def load_recent_tasks(connection: Connection, data_dir: Path, batches: int = 20) -> pd.DataFrame:
+    """Task rows of the newest ``batches`` batches: ``batch_id, stage, stage_id, task, records, duration_ms``."""
+    tasks = metrics_relation(data_dir, "tasks")
+    sql = f"""
+        WITH recent AS (SELECT DISTINCT batch_id FROM {tasks} ORDER BY batch_id DESC LIMIT $batches)
+        SELECT batch_id, stage, stage_id, task, records, duration_ms
+        FROM {tasks} WHERE batch_id IN (SELECT batch_id FROM recent)
+        ORDER BY batch_id, stage, task"""
+    return _frame(connection, sql, {"batches": int(batches)})
+
+
+def load_partition_rows(connection: Connection, data_dir: Path, batches: int = 100) -> pd.DataFrame:
+    """Rows read per source topic and partition over the newest ``batches`` batches."""
+    sql = f"""
+        WITH recent AS (SELECT topics FROM {metrics_relation(data_dir, 'progress')} ORDER BY ts_ms DESC LIMIT $batches),
+        per_topic AS (SELECT unnest(topics) AS t FROM recent),
+        per_partition AS (SELECT t.topic AS topic, unnest(t.partitions) AS p FROM per_topic)
+        SELECT topic, CAST(p."partition" AS INTEGER) AS "partition", CAST(sum(p."rows") AS BIGINT) AS "rows"
+        FROM per_partition GROUP BY 1, 2 ORDER BY 1, 2"""
+    return _frame(connection, sql, {"batches": int(batches)})
+
+
+# ----------------------------------------------------------------- batches (progress)
+
+_PHASE_COLUMNS = ", ".join(f'duration_ms."{phase}" AS "{phase}_ms"' for phase in DURATION_PHASES)
+_ROCKSDB_COMMIT_MS = (
+    "list_sum(list_transform(state, lambda s: coalesce(list_sum(list_transform(map_entries(s.custom), "
+    "lambda e: CASE WHEN e.key LIKE 'rocksdbCommit%LatencyMs' THEN e.value ELSE 0.0 END)), 0.0)))"
+)
+
+
+def load_batches(connection: Connection, data_dir: Path, limit: int = 300) -> pd.DataFrame:
+    """The newest ``limit`` progress rows (one per micro-batch), oldest first.
+
+    Columns: ``batch_id, ts_ms, trigger_time, num_input_rows, input_rows_per_second,
+    processed_rows_per_second, trigger_interval_ms, batch_duration_ms``, one ``<phase>_ms``
+    per duration phase, the state summed over operators (``state_rows, state_rows_updated,
+    state_memory_bytes, state_commit_ms, rocksdb_commit_ms`` = the RocksDB commit phases
+    ``rocksdbCommit*LatencyMs``), ``state_size_bytes`` and the rows each sink got.
+    """
+    sql = f"""
+        SELECT * FROM (
+            SELECT batch_id, ts_ms, epoch_ms(ts_ms) AS trigger_time, num_input_rows,
+                   input_rows_per_second, processed_rows_per_second, trigger_interval_ms,
+                   batch_duration_ms, {_PHASE_COLUMNS},
+                   CAST(list_sum(list_transform(state, lambda s: s.rows_total)) AS BIGINT) AS state_rows,
+                   CAST(list_sum(list_transform(state, lambda s: s.rows_updated)) AS BIGINT) AS state_rows_updated,
+                   CAST(list_sum(list_transform(state, lambda s: s.memory_bytes)) AS BIGINT) AS state_memory_bytes,
+                   CAST(list_sum(list_transform(state, lambda s: s.commit_ms)) AS BIGINT) AS state_commit_ms,
+                   CAST({_ROCKSDB_COMMIT_MS} AS DOUBLE) AS rocksdb_commit_ms,
+                   state_size_bytes,
+                   sink_rows.enriched AS enriched_rows, sink_rows.missing_state AS missing_rows,
+                   sink_rows.dead_letter AS dead_letter_rows
+            FROM {metrics_relation(data_dir, 'progress')}
+            ORDER BY ts_ms DESC LIMIT $limit
+        ) ORDER BY ts_ms"""
+    return _frame(connection, sql, {"limit": int(limit)})
+
+
+def load_state_by_operator(connection: Connection, data_dir: Path) -> pd.DataFrame:
+    """The state of each operator in the newest batch: ``operator, rows_total, memory_bytes, commit_ms``."""
+    sql = f"""
+        WITH newest AS (SELECT state FROM {metrics_relation(data_dir, 'progress')} ORDER BY ts_ms DESC LIMIT 1),
+        operators AS (SELECT unnest(state) AS s FROM newest)
+        SELECT s.operator AS operator, s.rows_total AS rows_total, s.memory_bytes AS memory_bytes,
+               s.commit_ms AS commit_ms
+        FROM operators ORDER BY operator"""
+    return _frame(connection, sql)
+
+
+def load_backlog(connection: Connection, data_dir: Path, limit: int = 300) -> pd.DataFrame:
+    """Per topic and batch over the newest ``limit`` batches: positions and the backlog.
+
+    Columns ``ts_ms, trigger_time, batch_id, topic, generation, rows, end_position,
+    latest_position, backlog`` (see :func:`app.console_math.compute_backlog`), oldest first.
+    """
+    sql = f"""
+        WITH recent AS (SELECT ts_ms, batch_id, topics FROM {metrics_relation(data_dir, 'progress')}
+                        ORDER BY ts_ms DESC LIMIT $limit),
+        per_topic AS (SELECT ts_ms, batch_id, unnest(topics) AS t FROM recent)
+        SELECT ts_ms, epoch_ms(ts_ms) AS trigger_time, batch_id, t.topic AS topic,
+               t.generation AS generation, t."rows" AS "rows", t.end_position AS end_position,
+               t.latest_position AS latest_position, t.backlog AS reported_backlog
+        FROM per_topic ORDER BY ts_ms, topic"""
+    frame = _frame(connection, sql, {"limit": int(limit)})
+    frame["backlog"] = pd.array(
+        [
+            compute_backlog(_none(end), _none(latest), _none(reported))
+            for end, latest, reported in zip(frame["end_position"], frame["latest_position"], frame["reported_backlog"])
+        ],
+        dtype="Int64",
+    )
+    return frame.drop(columns=["reported_backlog"])
+
+
+def load_progress_totals(connection: Connection, data_dir: Path) -> pd.DataFrame:
+    """Sums over every progress row: ``batches, last_batch_id`` and rows per sink."""
+    sql = f"""
+        SELECT count(*) AS batches, max(batch_id) AS last_batch_id,
+               CAST(coalesce(sum(sink_rows.enriched), 0) AS BIGINT) AS enriched_rows,
+               CAST(coalesce(sum(sink_rows.missing_state), 0) AS BIGINT) AS missing_rows,
+               CAST(coalesce(sum(sink_rows.dead_letter), 0) AS BIGINT) AS dead_letter_rows
+        FROM {metrics_relation(data_dir, 'progress')}"""
+    return _frame(connection, sql)
+
+
+def load_topic_positions(connection: Connection, data_dir: Path, topic: str, since_ms: int) -> pd.DataFrame:
+    """A topic's positions in every batch from ``since_ms`` on: ``ts_ms, batch_id, generation, rows, end_position``."""
+    sql = f"""
+        WITH per_topic AS (SELECT ts_ms, batch_id, unnest(topics) AS t
+                           FROM {metrics_relation(data_dir, 'progress')} WHERE ts_ms >= $since_ms)
+        SELECT ts_ms, batch_id, t.generation AS generation, t."rows" AS "rows", t.end_position AS end_position
+        FROM per_topic WHERE t.topic = $topic ORDER BY ts_ms"""
+    return _frame(connection, sql, {"topic": topic, "since_ms": int(since_ms)})
+
+
+# -------------------------------------------------------------------------- events
+
+
+def load_events(connection: Connection, data_dir: Path, kinds: tuple[str, ...] | None = None, limit: int = 200) -> pd.DataFrame:
+    """The newest events (newest first): ``ts_ms, time, kind, message, details`` (a dict)."""
+    kind_filter = "kind IN (SELECT unnest($kinds))" if kinds else "true"
+    sql = f"""
+        SELECT ts_ms, epoch_ms(ts_ms) AS time, kind, message, CAST(details AS VARCHAR) AS details
+        FROM {metrics_relation(data_dir, 'events')}
+        WHERE {kind_filter} ORDER BY ts_ms DESC LIMIT $limit"""
+    params: dict[str, Any] = {"limit": int(limit)}
+    if kinds:
+        params["kinds"] = list(kinds)
+    frame = _frame(connection, sql, params)
+    frame["details"] = [json.loads(text) if isinstance(text, str) else {} for text in frame["details"]]
+    return frame
+
+
+def load_latest_lifecycle_event(connection: Connection, data_dir: Path) -> pd.DataFrame:
+    """The newest of job_started / restart / job_failed / job_stopped, as a one-row frame."""
+    return load_events(connection, data_dir, kinds=LIFECYCLE_KINDS, limit=1)
+
+
+def load_event_counts(connection: Connection, data_dir: Path) -> pd.DataFrame:
+    """Events of each kind over the whole store: ``kind, events``."""
+    sql = f"SELECT kind, count(*) AS events FROM {metrics_relation(data_dir, 'events')} GROUP BY 1 ORDER BY 1"
+    return _frame(connection, sql)
+
+
+def load_replays(connection: Connection, data_dir: Path) -> pd.DataFrame:
+    """One row per replay ``seq``, newest first, from its requested / started / finished events.
+
+    Columns: ``seq, topic, from_position, requested_by, requested_at, started_ms, started_at,
+    target_position, finished_at, messages, duration_ms``; a stage that has not happened is NULL.
+    """
+    events = metrics_relation(data_dir, "events")
+
+    def stage(kind: str, columns: str) -> str:
+        return f"""SELECT CAST(details->>'$.seq' AS BIGINT) AS seq, details->>'$.topic' AS topic,
+                          ts_ms, {columns}
+                   FROM {events} WHERE kind = '{kind}'
+                   QUALIFY row_number() OVER (PARTITION BY seq ORDER BY ts_ms DESC) = 1"""
+
+    sql = f"""
+        WITH requested AS ({stage('replay_requested', "details->>'$.from' AS from_position, details->>'$.requested_by' AS requested_by")}),
+        started AS ({stage('replay_started', "details->>'$.from' AS from_position, CAST(details->>'$.target_position' AS BIGINT) AS target_position")}),
+        finished AS ({stage('replay_finished', "CAST(details->>'$.messages' AS BIGINT) AS messages, CAST(details->>'$.duration_ms' AS BIGINT) AS duration_ms")})
+        SELECT coalesce(r.seq, s.seq, f.seq) AS seq, coalesce(r.topic, s.topic, f.topic) AS topic,
+               coalesce(r.from_position, s.from_position) AS from_position, r.requested_by,
+               epoch_ms(r.ts_ms) AS requested_at, s.ts_ms AS started_ms, epoch_ms(s.ts_ms) AS started_at,
+               s.target_position, epoch_ms(f.ts_ms) AS finished_at, f.messages, f.duration_ms
+        FROM requested r
+        FULL OUTER JOIN started s ON s.seq = r.seq
+        FULL OUTER JOIN finished f ON f.seq = coalesce(r.seq, s.seq)
+        ORDER BY seq DESC"""
+    return _frame(connection, sql)
+
+
+def _none(value: Any) -> Any:
+    """pandas' missing values (NA, NaN) as None, for the pure functions."""
+    return None if pd.isna(value) else value

@@ -1,0 +1,57 @@
+"""The console's per-process resources: the settings, the DuckDB connection and cached queries.
+
+Streamlit runs each browser session in its own thread. The settings and one DuckDB
+connection are shared by all of them (``st.cache_resource``); every query runs on its own
+``.cursor()`` of that connection, as DuckDB's threading guide asks. Query results are cached
+for :data:`REFRESH_SECONDS`, the interval at which the live fragments rerun, so viewers
+watching the same page share one query and no chart is staler than one refresh.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import duckdb
+import pandas as pd
+import streamlit as st
+
+from app import queries, sources
+from pipeline.config import Settings, load_settings
+
+REFRESH_SECONDS = 2
+
+
+@st.cache_resource(show_spinner=False)
+def get_settings() -> Settings:
+    """The settings from the environment (``SS_*``, set by ``python -m pipeline app``), loaded once."""
+    return load_settings()
+
+
+@st.cache_resource(show_spinner=False)
+def get_connection() -> duckdb.DuckDBPyConnection:
+    """The one DuckDB connection of this process; use a cursor of it per query."""
+    return sources.connect()
+
+
+def fetch(query: Callable[..., pd.DataFrame], **params) -> pd.DataFrame:
+    """Run one of :mod:`app.queries` with keyword ``params``, cached for one refresh interval."""
+    return _run_cached(query.__name__, tuple(sorted(params.items())))
+
+
+@st.cache_data(ttl=REFRESH_SECONDS, show_spinner=False, max_entries=512)
+def _run_cached(query_name: str, params: tuple) -> pd.DataFrame:
+    query = getattr(queries, query_name)
+    with get_connection().cursor() as cursor:
+        return query(cursor, **dict(params))
+
+
+def now_ms() -> int:
+    """The wall clock in epoch milliseconds."""
+    return int(time.time() * 1000)
+
+
+def refresh_tick_ms() -> int:
+    """The wall clock rounded down to the refresh interval: a cache key that viewers share."""
+    step = REFRESH_SECONDS * 1000
+    return now_ms() // step * step

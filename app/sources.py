@@ -1,0 +1,140 @@
+"""How the console reads the stores: the DuckDB connection and the FROM clauses of every query.
+
+The sinks are Parquet under ``<data_dir>/sinks/<name>/`` and the metrics store is JSON Lines
+under ``<data_dir>/metrics/<stream>/`` (DESIGN.md §5, §6). Both may not exist yet, and a
+metrics file may end in a half-written line while the job appends to it. Every reader goes
+through :func:`sink_relation` and :func:`metrics_relation`, which return SQL text that is
+either a reader over the files or an empty relation of the same columns, so a query never
+fails on a fresh data dir and never needs its own "is it there yet" check.
+
+Timestamps are shown in UTC: :func:`connect` sets the time zone for the connection and every
+cursor made from it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+
+from pipeline import store
+
+# Column types of the on-disk contract. Only the empty relations use them: a reader over
+# real files takes the types from the Parquet footers and the JSON column spec below.
+SINK_COLUMNS: dict[str, dict[str, str]] = {
+    "enriched": {
+        "invoice_id": "BIGINT", "line_item_id": "BIGINT", "user_id": "BIGINT", "item_id": "BIGINT",
+        "price": "DOUBLE", "created_at": "TIMESTAMPTZ", "paid_at": "TIMESTAMPTZ",
+        "user_first_name": "VARCHAR", "user_last_name": "VARCHAR", "user_email": "VARCHAR",
+        "user_created_at": "TIMESTAMPTZ", "item_name": "VARCHAR", "item_category": "VARCHAR",
+        "item_adjective": "VARCHAR", "item_modifier": "VARCHAR", "item_price": "DOUBLE",
+        "waited_ms": "BIGINT", "published_at": "TIMESTAMPTZ", "enriched_at": "TIMESTAMPTZ",
+        "batch_id": "BIGINT", "source_topic": "VARCHAR", "source_partition": "INTEGER",
+        "source_message_id": "VARCHAR", "redrive_of": "VARCHAR",
+    },
+    "missing_state": {
+        "invoice_id": "BIGINT", "line_item_id": "BIGINT", "user_id": "BIGINT", "item_id": "BIGINT",
+        "item_name": "VARCHAR", "item_category": "VARCHAR", "price": "DOUBLE",
+        "created_at": "TIMESTAMPTZ", "paid_at": "TIMESTAMPTZ", "reason": "VARCHAR", "waited_ms": "BIGINT",
+        "published_at": "TIMESTAMPTZ", "detected_at": "TIMESTAMPTZ", "batch_id": "BIGINT",
+        "source_topic": "VARCHAR", "source_partition": "INTEGER", "source_message_id": "VARCHAR",
+        "redrive_of": "VARCHAR",
+    },
+    "dead_letter": {
+        "source_topic": "VARCHAR", "source_partition": "INTEGER", "source_message_id": "VARCHAR",
+        "key": "VARCHAR", "payload": "VARCHAR", "error": "VARCHAR", "published_at": "TIMESTAMPTZ",
+        "detected_at": "TIMESTAMPTZ", "batch_id": "BIGINT",
+    },
+}
+
+_PARTITIONS = 'STRUCT("partition" BIGINT, "rows" BIGINT)[]'
+_TOPIC = (
+    'STRUCT(topic VARCHAR, generation BIGINT, "rows" BIGINT, end_position BIGINT, '
+    f"latest_position BIGINT, backlog BIGINT, partitions {_PARTITIONS})"
+)
+_STATE = (
+    "STRUCT(operator VARCHAR, rows_total BIGINT, rows_updated BIGINT, memory_bytes BIGINT, "
+    "commit_ms BIGINT, custom MAP(VARCHAR, DOUBLE))"
+)
+DURATION_PHASES = ("latestOffset", "getBatch", "queryPlanning", "addBatch", "walCommit", "commitOffsets", "triggerExecution")
+
+# The JSON column spec of each metrics stream. Keys the job leaves out read as NULL; a line
+# that does not parse (the half-written last one) reads as all NULL and is filtered out.
+METRIC_COLUMNS: dict[str, dict[str, str]] = {
+    "progress": {
+        "ts_ms": "BIGINT", "query_id": "VARCHAR", "run_id": "VARCHAR", "batch_id": "BIGINT",
+        "num_input_rows": "BIGINT", "input_rows_per_second": "DOUBLE",
+        "processed_rows_per_second": "DOUBLE", "trigger_interval_ms": "BIGINT",
+        "batch_duration_ms": "BIGINT",
+        "duration_ms": "STRUCT(" + ", ".join(f'"{phase}" BIGINT' for phase in DURATION_PHASES) + ")",
+        "topics": f"{_TOPIC}[]",
+        "state": f"{_STATE}[]",
+        "sink_rows": "STRUCT(enriched BIGINT, missing_state BIGINT, dead_letter BIGINT)",
+        "state_size_bytes": "BIGINT",
+    },
+    "tasks": {
+        "ts_ms": "BIGINT", "batch_id": "BIGINT", "stage": "VARCHAR", "stage_id": "BIGINT",
+        "task": "BIGINT", "records": "BIGINT", "duration_ms": "BIGINT",
+    },
+    "events": {"ts_ms": "BIGINT", "kind": "VARCHAR", "message": "VARCHAR", "details": "JSON"},
+}
+
+
+def connect() -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection set up for the console; make a ``.cursor()`` per thread.
+
+    Committed sink files never change, so caching their Parquet footers is safe and saves
+    re-reading thousands of footers on every refresh.
+    """
+    connection = duckdb.connect(":memory:")
+    connection.execute("SET GLOBAL TimeZone = 'UTC'")
+    connection.execute("SET GLOBAL parquet_metadata_cache = true")
+    return connection
+
+
+def sql_text(value: str) -> str:
+    """A SQL string literal."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def empty_relation(columns: dict[str, str]) -> str:
+    """A subquery with these columns and no rows."""
+    selected = ", ".join(f'CAST(NULL AS {kind}) AS "{name}"' for name, kind in columns.items())
+    return f"(SELECT {selected} WHERE false)"
+
+
+def has_sink_files(data_dir: Path, sink: str) -> bool:
+    """Whether the sink has at least one committed Parquet file (stops at the first one)."""
+    folder = store.sink_dir(data_dir, sink)
+    return folder.is_dir() and next(folder.rglob("*.parquet"), None) is not None
+
+
+def sink_relation(data_dir: Path, sink: str) -> str:
+    """FROM-clause text for a sink: its committed rows, or no rows if it has no files yet.
+
+    The ``batch=…`` folders are not read as Hive partitions: ``batch_id`` is already a column.
+    """
+    if not has_sink_files(data_dir, sink):
+        return empty_relation(SINK_COLUMNS[sink])
+    return f"read_parquet({sql_text(store.sink_glob(data_dir, sink))}, hive_partitioning = false)"
+
+
+def metrics_files(data_dir: Path, stream: str, newest: int | None = None) -> list[Path]:
+    """The day files of a metrics stream, oldest first; ``newest`` keeps only the last few days."""
+    folder = store.metrics_dir(data_dir, stream)
+    files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
+    return files[-newest:] if newest else files
+
+
+def metrics_relation(data_dir: Path, stream: str, newest_files: int | None = None) -> str:
+    """FROM-clause text for a metrics stream: its complete lines, or no rows if there are none."""
+    columns = METRIC_COLUMNS[stream]
+    files = metrics_files(data_dir, stream, newest_files)
+    if not files:
+        return empty_relation(columns)
+    file_list = "[" + ", ".join(sql_text(str(path)) for path in files) + "]"
+    spec = "{" + ", ".join(f"{sql_text(name)}: {sql_text(kind)}" for name, kind in columns.items()) + "}"
+    return (
+        f"(SELECT * FROM read_json({file_list}, format = 'newline_delimited', ignore_errors = true, "
+        f"columns = {spec}) WHERE ts_ms IS NOT NULL)"
+    )

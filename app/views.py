@@ -1,0 +1,201 @@
+"""Page parts that several screens share: headers, empty states, metric cards, the job status
+banner, tables, and control actions behind a confirmation (and the admin token, if one is set).
+
+Pages call these and stay free of layout details; every number they are given comes from
+:mod:`app.queries` over the sinks and the metrics store.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import pandas as pd
+import streamlit as st
+
+from app import console_math, queries
+from app.resources import fetch, get_settings, now_ms
+from pipeline.config import Settings
+from pipeline.errors import StatefulStreamsError
+
+START_HINT = "start the job with `make demo` or `python -m pipeline run`"
+
+
+def load_page_settings() -> Settings:
+    """The console's settings; a bad setting stops the page with its one-line message."""
+    try:
+        return get_settings()
+    except StatefulStreamsError as exc:
+        st.error(f"The console cannot load its settings: {exc}")
+        st.stop()
+
+
+def render_page_header(title: str, caption: str, settings: Settings) -> None:
+    st.title(title)
+    st.caption(f"{caption} Data dir: `{settings.data_dir}`.")
+
+
+def render_empty_state(message: str) -> None:
+    """What to do when there is nothing to show yet."""
+    st.info(message, icon=":material/hourglass_empty:")
+
+
+# ------------------------------------------------------------------------ metric cards
+
+
+@dataclass(frozen=True)
+class MetricCard:
+    """One number on a card: a label, its value, and an optional delta and tooltip."""
+
+    label: str
+    value: str
+    delta: str | None = None
+    help: str | None = None
+    delta_color: str = "off"
+
+
+def render_metric_cards(cards: Sequence[MetricCard]) -> None:
+    """A row of cards, one column each."""
+    for column, card in zip(st.columns(len(cards)), cards):
+        column.metric(card.label, card.value, delta=card.delta, delta_color=card.delta_color,
+                      help=card.help, border=True)
+
+
+def format_count(value: Any) -> str:
+    if value is None or is_missing(value):
+        return "–"
+    return f"{int(value):,}"
+
+
+def format_rate(per_second: Any) -> str:
+    if per_second is None or is_missing(per_second):
+        return "–"
+    return f"{float(per_second):,.1f}/s"
+
+
+def format_ms(value: Any) -> str:
+    if value is None or is_missing(value):
+        return "–"
+    value = float(value)
+    return f"{value / 1000:,.2f} s" if value >= 10_000 else f"{value:,.0f} ms"
+
+
+def format_bytes(value: Any) -> str:
+    if value is None or is_missing(value):
+        return "–"
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:,.0f} {unit}" if unit == "B" else f"{size:,.1f} {unit}"
+        size /= 1024
+    return f"{size:,.1f} GiB"
+
+
+def format_time(value: Any) -> str:
+    """A timestamp as ``2026-11-22 01:02:03 UTC``; missing as ``–``."""
+    if value is None or is_missing(value):
+        return "–"
+    return pd.Timestamp(value).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def is_missing(value: Any) -> bool:
+    try:
+        return bool(pd.isna(value)) or (isinstance(value, float) and math.isnan(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def render_table(frame: pd.DataFrame, column_config: dict | None = None, height: int | str = "auto") -> None:
+    st.dataframe(frame, hide_index=True, column_config=column_config, height=height)
+
+
+# ---------------------------------------------------------------------- job status
+
+
+def load_job_status(data_dir: Path, settings: Settings) -> console_math.JobStatus:
+    """The job's status from its newest lifecycle event and its newest batch."""
+    events = fetch(queries.load_latest_lifecycle_event, data_dir=data_dir)
+    newest = fetch(queries.load_batches, data_dir=data_dir, limit=1)
+    event = events.iloc[0].to_dict() if not events.empty else None
+    batch = newest.iloc[0] if not newest.empty else None
+    return console_math.derive_job_status(
+        lifecycle_event=event,
+        last_progress_ts_ms=None if batch is None else int(batch["ts_ms"]),
+        trigger_interval_ms=None if batch is None or is_missing(batch["trigger_interval_ms"])
+        else int(batch["trigger_interval_ms"]),
+        last_batch_duration_ms=None if batch is None or is_missing(batch["batch_duration_ms"])
+        else int(batch["batch_duration_ms"]),
+        now_ms=now_ms(),
+    )
+
+
+def render_job_status(status: console_math.JobStatus) -> None:
+    """A coloured banner: running, restarting n/N, stopped with its error, …"""
+    show = {"success": st.success, "info": st.info, "warning": st.warning, "error": st.error}[status.level]
+    icon = {"success": ":material/play_circle:", "info": ":material/info:",
+            "warning": ":material/warning:", "error": ":material/error:"}[status.level]
+    show(f"**Job: {status.headline}** — {status.detail}", icon=icon)
+
+
+# ------------------------------------------------------------------ control actions
+
+
+def load_control():
+    """The control module, imported when an action needs it so pages render without it."""
+    return importlib.import_module("pipeline.control")
+
+
+def render_confirmed_action(
+    key: str,
+    button_label: str,
+    summary: str,
+    perform: Callable[[], str],
+    settings: Settings,
+    disabled: bool = False,
+) -> None:
+    """A control button that acts only after confirmation, and the admin token if one is set.
+
+    Clicking ``button_label`` opens a confirmation panel that repeats ``summary`` (what will
+    happen); the action runs when the box is ticked, the token (if configured) matches and
+    "Confirm" is pressed. ``perform`` returns the line to show on success; a
+    StatefulStreamsError it raises is shown as an error. The token is never displayed.
+    """
+    pending, result = f"{key}_pending", f"{key}_result"
+    if st.button(button_label, key=f"{key}_ask", disabled=disabled, icon=":material/play_arrow:"):
+        st.session_state[pending] = True
+        st.session_state.pop(result, None)
+    if st.session_state.get(result):
+        st.success(st.session_state[result], icon=":material/check_circle:")
+    if not st.session_state.get(pending):
+        return
+    with st.container(border=True):
+        st.warning(f"**Please confirm:** {summary}", icon=":material/help:")
+        confirmed = st.checkbox("Yes, I want to do this", key=f"{key}_confirm")
+        configured_token = settings["app.admin_token"]
+        typed_token = st.text_input("Admin token", type="password", key=f"{key}_token") if configured_token else None
+        confirm_column, cancel_column = st.columns(2)
+        if cancel_column.button("Cancel", key=f"{key}_cancel"):
+            st.session_state[pending] = False
+            st.rerun()
+        if not confirm_column.button("Confirm", key=f"{key}_do", type="primary"):
+            return
+        if not confirmed:
+            st.error("Tick “Yes, I want to do this” first.")
+            return
+        if not console_math.token_matches(configured_token, typed_token):
+            st.error("The admin token is not right; nothing was done.")
+            return
+        try:
+            message = perform()
+        except ModuleNotFoundError as exc:
+            st.error(f"The job's control functions are not available ({exc}); nothing was done.")
+            return
+        except StatefulStreamsError as exc:
+            st.error(str(exc))
+            return
+        st.session_state[pending] = False
+        st.session_state[result] = message
+        st.rerun()

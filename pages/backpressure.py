@@ -1,0 +1,73 @@
+"""Backpressure: whether the job keeps up — input vs processing rate, batch duration vs trigger
+interval, and the backlog of unread messages per topic."""
+
+import streamlit as st
+
+from app import charts, console_math, queries, views
+from app.resources import REFRESH_SECONDS, fetch
+
+BATCHES = 300
+TABLE_BATCHES = 30
+
+settings = views.load_page_settings()
+data_dir = settings.data_dir
+views.render_page_header(
+    "Backpressure",
+    f"From the job's progress rows, the newest {BATCHES} micro-batches. Refreshes every {REFRESH_SECONDS} s.",
+    settings,
+)
+st.info(console_math.BACKPRESSURE_DEFINITION, icon=":material/straighten:")
+
+
+@st.fragment(run_every=REFRESH_SECONDS)
+def render_backpressure() -> None:
+    batches = fetch(queries.load_batches, data_dir=data_dir, limit=BATCHES)
+    if batches.empty:
+        views.render_empty_state(f"No micro-batches recorded yet — {views.START_HINT}.")
+        return
+    batches = console_math.classify_batches(batches)
+    latest = batches.iloc[-1]
+    backlog = fetch(queries.load_backlog, data_dir=data_dir, limit=BATCHES)
+    orders_backlog = backlog[backlog["topic"] == "orders"]
+    growth = console_math.compute_backlog_growth(orders_backlog["ts_ms"].tolist(), orders_backlog["backlog"].tolist())
+    levels = batches["level"].value_counts()
+    latest_orders_backlog = orders_backlog["backlog"].iloc[-1] if not orders_backlog.empty else None
+    views.render_metric_cards([
+        views.MetricCard("Latest batch", f"{latest['level']} · {latest['backpressure_ratio']:.0%}",
+                         help=f"Batch {int(latest['batch_id'])}: {views.format_ms(latest['batch_duration_ms'])} "
+                              f"against a {views.format_ms(latest['trigger_interval_ms'])} trigger interval."),
+        views.MetricCard("HIGH / LOW batches", f"{levels.get('HIGH', 0)} / {levels.get('LOW', 0)}",
+                         help=f"Of the newest {len(batches)} batches."),
+        views.MetricCard("Input rate", views.format_rate(latest["input_rows_per_second"]),
+                         help="Rows that arrived per second since the previous batch (Spark's inputRowsPerSecond)."),
+        views.MetricCard("Processing rate", views.format_rate(latest["processed_rows_per_second"]),
+                         help="Rows processed per second of batch time (Spark's processedRowsPerSecond)."),
+        views.MetricCard("Orders backlog", views.format_count(latest_orders_backlog),
+                         None if growth is None else f"{growth:+,.1f} msg/s",
+                         help="Messages on the orders topic the job has not read yet; the delta is the trend "
+                              "(least-squares slope) over the batches shown."),
+    ])
+    rates_column, duration_column = st.columns(2)
+    rates_column.plotly_chart(charts.build_rates_chart(batches), key="rates")
+    duration_column.plotly_chart(charts.build_batch_duration_chart(batches), key="durations")
+    st.plotly_chart(charts.build_backlog_chart(backlog), key="backlog")
+
+    st.subheader("Newest batches")
+    recent = batches.iloc[::-1].head(TABLE_BATCHES)
+    views.render_table(
+        recent[["batch_id", "trigger_time", "level", "backpressure_ratio", "batch_duration_ms", "trigger_interval_ms",
+                "num_input_rows", "input_rows_per_second", "processed_rows_per_second"]],
+        column_config={
+            "batch_id": st.column_config.NumberColumn("batch", format="%d"),
+            "trigger_time": st.column_config.DatetimeColumn("trigger time (UTC)", format="YYYY-MM-DD HH:mm:ss.SSS"),
+            "backpressure_ratio": st.column_config.ProgressColumn("ratio", format="percent", min_value=0.0, max_value=1.0),
+            "batch_duration_ms": st.column_config.NumberColumn("duration (ms)"),
+            "trigger_interval_ms": st.column_config.NumberColumn("interval (ms)"),
+            "num_input_rows": st.column_config.NumberColumn("rows"),
+            "input_rows_per_second": st.column_config.NumberColumn("input rows/s", format="%.1f"),
+            "processed_rows_per_second": st.column_config.NumberColumn("processed rows/s", format="%.1f"),
+        },
+    )
+
+
+render_backpressure()

@@ -1,0 +1,74 @@
+"""Live enrichment: how many orders get enriched, go missing or dead-letter, how fast, and the newest ones."""
+
+import streamlit as st
+
+from app import charts, console_math, queries, views
+from app.resources import REFRESH_SECONDS, fetch, refresh_tick_ms
+
+WINDOW_S = 15 * 60
+LATENCY_CARD_WINDOW_S = 5 * 60
+
+settings = views.load_page_settings()
+data_dir = settings.data_dir
+views.render_page_header(
+    "Live enrichment",
+    f"Orders enriched with the latest user and item, as committed to the sinks. Refreshes every {REFRESH_SECONDS} s.",
+    settings,
+)
+
+
+@st.fragment(run_every=REFRESH_SECONDS)
+def render_live() -> None:
+    views.render_job_status(views.load_job_status(data_dir, settings))
+    totals = fetch(queries.load_sink_totals, data_dir=data_dir, now_ms=refresh_tick_ms()).set_index("sink")
+    if int(totals["rows"].sum()) == 0:
+        views.render_empty_state(f"No enriched orders yet — {views.START_HINT}.")
+        return
+    window_end_ms = int(totals["newest_ms"].max())
+    window_s, bucket_s = console_math.choose_window(int(totals["oldest_ms"].min()), window_end_ms, WINDOW_S)
+    latency = fetch(queries.load_latency_summary, data_dir=data_dir, window_end_ms=window_end_ms,
+                    window_s=LATENCY_CARD_WINDOW_S).iloc[0]
+    rate_help = "Rows committed in the last 60 s ÷ 60."
+    latency_help = "Published to the orders topic → enriched row committed, over the 5 minutes up to the newest row."
+    views.render_metric_cards([
+        views.MetricCard("Enriched orders", views.format_count(totals.at["enriched", "rows"]),
+                         views.format_rate(totals.at["enriched", "rows_per_second"]), rate_help),
+        views.MetricCard("Missing state", views.format_count(totals.at["missing_state", "rows"]),
+                         views.format_rate(totals.at["missing_state", "rows_per_second"]), rate_help),
+        views.MetricCard("Dead letters", views.format_count(totals.at["dead_letter", "rows"]),
+                         views.format_rate(totals.at["dead_letter", "rows_per_second"]), rate_help),
+        views.MetricCard("Latency p50", views.format_ms(latency["p50_ms"]), help=latency_help),
+        views.MetricCard("Latency p99", views.format_ms(latency["p99_ms"]), help=latency_help),
+    ])
+
+    throughput_column, latency_column = st.columns(2)
+    throughput = fetch(queries.load_throughput, data_dir=data_dir, window_end_ms=window_end_ms,
+                       window_s=window_s, bucket_s=bucket_s)
+    throughput_column.plotly_chart(charts.build_throughput_chart(throughput), key="throughput")
+    latency_over_time = fetch(queries.load_latency_over_time, data_dir=data_dir, window_end_ms=window_end_ms,
+                              window_s=window_s, bucket_s=bucket_s)
+    latency_column.plotly_chart(charts.build_latency_chart(latency_over_time), key="latency")
+    st.caption(f"Charts: the {console_math.format_age(window_s * 1000)} up to the newest committed row, "
+               f"in {bucket_s} s buckets.")
+
+    st.subheader("Newest enriched orders")
+    newest = fetch(queries.load_newest_enriched, data_dir=data_dir, limit=20)
+    views.render_table(newest, column_config={
+        "enriched_at": st.column_config.DatetimeColumn("enriched at (UTC)", format="YYYY-MM-DD HH:mm:ss.SSS"),
+        "invoice_id": st.column_config.NumberColumn("invoice", format="%d"),
+        "line_item_id": st.column_config.NumberColumn("line", format="%d"),
+        "user_id": st.column_config.NumberColumn("user", format="%d"),
+        "user_name": "user name",
+        "user_email": "email",
+        "item_id": st.column_config.NumberColumn("item", format="%d"),
+        "item_name": "item name",
+        "item_category": "category",
+        "price": st.column_config.NumberColumn(format="%.2f"),
+        "batch_id": st.column_config.NumberColumn("batch", format="%d"),
+        "source_message_id": "message id",
+        "waited_ms": st.column_config.NumberColumn("waited (ms)"),
+        "latency_ms": st.column_config.NumberColumn("latency (ms)"),
+    })
+
+
+render_live()

@@ -1,0 +1,128 @@
+"""Missing state: find an order that was not enriched, see why and whether its user or item has
+appeared since, and re-drive it against today's state."""
+
+import streamlit as st
+
+from app import charts, console_math, queries, views
+from app.resources import REFRESH_SECONDS, fetch
+
+WINDOW_S = 60 * 60
+RESULT_LIMIT = 200
+SEARCH_KEYS = {"invoice id": "invoice_id", "user id": "user_id", "item id": "item_id"}
+
+settings = views.load_page_settings()
+data_dir = settings.data_dir
+views.render_page_header(
+    "Missing state",
+    "Orders whose user or item was still unknown after waiting `enrichment.max_wait`.",
+    settings,
+)
+
+
+@st.fragment(run_every=REFRESH_SECONDS)
+def render_overview() -> None:
+    totals = fetch(queries.load_missing_totals, data_dir=data_dir).set_index("reason")["orders"]
+    if totals.empty:
+        views.render_empty_state(
+            "No missing-state orders yet. Orders land here when their user or item is still unknown "
+            f"after `enrichment.max_wait`; {views.START_HINT} and produce orders to see some."
+        )
+        return
+    views.render_metric_cards([
+        views.MetricCard("Missing orders", views.format_count(totals.sum())),
+        views.MetricCard("User missing", views.format_count(totals.get("user", 0))),
+        views.MetricCard("Item missing", views.format_count(totals.get("item", 0))),
+        views.MetricCard("Both missing", views.format_count(totals.get("user_and_item", 0))),
+    ])
+    span = fetch(queries.load_sink_totals, data_dir=data_dir, now_ms=0).set_index("sink").loc["missing_state"]
+    newest_ms = int(span["newest_ms"])
+    window_s, bucket_s = console_math.choose_window(int(span["oldest_ms"]), newest_ms, WINDOW_S)
+    by_reason = fetch(queries.load_missing_by_reason, data_dir=data_dir, window_end_ms=newest_ms,
+                      window_s=window_s, bucket_s=bucket_s)
+    st.plotly_chart(charts.build_reason_chart(by_reason), key="by_reason")
+    for column, key in zip(st.columns(2), ("user", "item")):
+        with column:
+            render_top_missing(key)
+
+
+def render_top_missing(key: str) -> None:
+    st.markdown(f"**Top missing {key}s**")
+    top = fetch(queries.load_top_missing_keys, data_dir=data_dir, key=key, limit=10)
+    views.render_table(top, column_config={
+        "key_id": st.column_config.NumberColumn(f"{key} id", format="%d"),
+        "missing_orders": st.column_config.NumberColumn("missing"),
+        "last_detected_at": st.column_config.DatetimeColumn("last missing (UTC)", format="HH:mm:ss"),
+        "seen_since_at": st.column_config.DatetimeColumn("appeared since (UTC)", format="HH:mm:ss"),
+    })
+
+
+def read_search() -> dict[str, int] | None:
+    """The search box as query params; None (with an error shown) if the id is not a number."""
+    kind_column, id_column = st.columns([1, 3])
+    kind = kind_column.selectbox("Search by", list(SEARCH_KEYS), key="search_kind")
+    text = id_column.text_input("Id", key="search_id", placeholder="e.g. 100014 — leave empty for the newest orders")
+    if not text.strip():
+        return {}
+    try:
+        return {SEARCH_KEYS[kind]: int(text.strip())}
+    except ValueError:
+        st.error(f"{kind} {text.strip()!r} is not a whole number; type the numeric id.")
+        return None
+
+
+def render_orders(search: dict[str, int]) -> list[int]:
+    """The matching orders with why each is missing; returns their invoice ids."""
+    orders = fetch(queries.load_missing_orders, data_dir=data_dir, limit=RESULT_LIMIT, **search)
+    if orders.empty:
+        if search:
+            views.render_empty_state("No missing-state order matches that id.")
+        return []
+    shown = orders.assign(
+        why=[console_math.describe_missing_reason(r.reason, r.user_id, r.item_id, r.waited_ms) for r in orders.itertuples()],
+        user_appeared=[console_math.describe_appearance(r.reason, "user", r.user_seen_at) for r in orders.itertuples()],
+        item_appeared=[console_math.describe_appearance(r.reason, "item", r.item_seen_at) for r in orders.itertuples()],
+        redrive=[console_math.describe_redrive(r.redrive_of, r.redrive_enriched_at, r.redrive_missing_at)
+                 for r in orders.itertuples()],
+    )
+    st.caption(f"{len(orders)} order line(s), newest first" + (f" (the newest {RESULT_LIMIT})" if len(orders) == RESULT_LIMIT else "") + ".")
+    views.render_table(
+        shown[["detected_at", "invoice_id", "user_id", "item_id", "why", "user_appeared", "item_appeared", "redrive",
+               "line_item_id", "item_name", "price", "source_message_id"]],
+        column_config={
+            "detected_at": st.column_config.DatetimeColumn("detected (UTC)", format="YYYY-MM-DD HH:mm:ss"),
+            "invoice_id": st.column_config.NumberColumn("invoice", format="%d"),
+            "line_item_id": st.column_config.NumberColumn("line", format="%d"),
+            "user_id": st.column_config.NumberColumn("user", format="%d"),
+            "item_id": st.column_config.NumberColumn("item", format="%d"),
+            "price": st.column_config.NumberColumn(format="%.2f"),
+            "user_appeared": "user appeared since?",
+            "item_appeared": "item appeared since?",
+            "redrive": "re-drive",
+            "source_message_id": "message id",
+        },
+    )
+    return sorted(set(int(invoice) for invoice in orders["invoice_id"]))
+
+
+def render_redrive(invoice_ids: list[int]) -> None:
+    st.subheader("Re-drive")
+    st.caption("Republishes the chosen orders to the orders topic with a `redrive-of` property, "
+               "so the job enriches them against today's state.")
+    chosen = st.multiselect("Orders to re-drive (invoice ids from the table above)", invoice_ids, key="redrive_invoices")
+
+    def perform() -> str:
+        count = views.load_control().redrive(settings, invoice_ids=list(chosen), requested_by="console")
+        return f"Re-drove {count} missing-state order line(s) to {settings.topics['orders']}."
+
+    views.render_confirmed_action(
+        "redrive", f"Re-drive {len(chosen)} order(s)…",
+        f"republish the missing-state orders of invoice(s) {', '.join(map(str, chosen))} to the orders topic.",
+        perform, settings, disabled=not chosen,
+    )
+
+
+render_overview()
+st.subheader("Find orders")
+search = read_search()
+if search is not None:
+    render_redrive(render_orders(search))
