@@ -19,7 +19,6 @@ from typing import Any, Iterator
 from pipeline.errors import InputDataError
 from pipeline.wire import FIELDS, BadMessage, Field, parse_record
 
-_INTEGER = re.compile(r"^[+-]?\d+$")
 _NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
 
 
@@ -42,9 +41,12 @@ def convert_cell(field: Field, text: str) -> Any:
             raise BadMessage(f"field {field.name!r} is empty; it is required")
         return None
     if field.kind is int:
-        if not _INTEGER.match(value):
-            raise BadMessage(f"field {field.name!r} must be an integer, got {text!r}")
-        return int(value)
+        try:
+            if "_" not in value:  # int() would take "1_000"; a CSV of ids should not
+                return int(value)
+        except ValueError:
+            pass
+        raise BadMessage(f"field {field.name!r} must be an integer, got {text!r}")
     if not _NUMBER.match(value):
         raise BadMessage(f"field {field.name!r} must be a number, got {text!r}")
     return float(value)

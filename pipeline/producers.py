@@ -66,13 +66,14 @@ def create_producer(client, topic_name: str):
 
 def publish_records(client, topic_name: str, kind: str, records: Iterable[dict[str, Any]], rate: float = 0.0,
                     on_progress: Callable[[int], None] | None = None, *, limit: int = 0,
-                    on_skip: Callable[[str], None] | None = None,
+                    on_skip: Callable[[str], None] | None = None, checked: bool = False,
                     clock: Callable[[], float] = time.monotonic,
                     sleep: Callable[[float], None] = time.sleep) -> PublishStats:
     """Publish ``records`` of ``kind`` to ``topic_name`` in order; return once all are acknowledged.
 
     Each record is checked with ``wire.parse_record`` (a bad one is counted in ``skipped`` and
-    described to ``on_skip``), encoded as compact JSON and keyed with ``wire.message_key``.
+    described to ``on_skip``), unless ``checked`` says that was done already (rows from
+    ``read_csv_records``); it is encoded as compact JSON and keyed with ``wire.message_key``.
     ``rate`` > 0 paces the sends with a token bucket; ``limit`` > 0 stops after that many sends;
     ``on_progress(attempted)`` is called after each send. Ctrl-C stops the sending early, and
     what was already handed to the client is still flushed and counted.
@@ -88,7 +89,7 @@ def publish_records(client, topic_name: str, kind: str, records: Iterable[dict[s
                 stats.sent += 1
             else:
                 stats.failed += 1
-                stats.first_error = stats.first_error or str(result)
+                stats.first_error = stats.first_error or getattr(result, "name", str(result))
             done.notify_all()
 
     producer = create_producer(client, topic_name)
@@ -99,7 +100,7 @@ def publish_records(client, topic_name: str, kind: str, records: Iterable[dict[s
             if limit and stats.attempted >= limit:
                 break
             try:
-                record = wire.parse_record(kind, raw)
+                record = raw if checked else wire.parse_record(kind, raw)
             except wire.BadMessage as exc:
                 stats.skipped += 1
                 if on_skip:
@@ -197,7 +198,7 @@ def main(args, settings) -> None:
     try:
         stats = publish_records(client, settings.topics[kind], kind, records, rate=args.rate,
                                 on_progress=(lambda sent: bar.update(sent + skipped)) if bar else None,
-                                limit=args.limit)
+                                limit=args.limit, checked=True)
     finally:
         if bar is not None:
             bar.close()
