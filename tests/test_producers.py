@@ -11,7 +11,7 @@ import pytest
 
 from pipeline import cli, datagen, producers
 from pipeline.csv_records import read_csv_records
-from pipeline.errors import BrokerError
+from pipeline.errors import BrokerError, StatefulStreamsError
 from pipeline.producers import loop_orders, publish_records
 from pipeline.wire import FIELDS
 from waiting import wait_for
@@ -111,7 +111,7 @@ def test_a_missing_file_is_one_line_error_before_any_broker_is_needed(tmp_path, 
 
 
 def test_loop_is_for_orders_only(settings_factory, sample):
-    with pytest.raises(Exception, match=re.escape("--loop works for orders only, not 'users'")):
+    with pytest.raises(StatefulStreamsError, match=re.escape("--loop works for orders only, not 'users'")):
         produce(settings_factory(), "users", "--file", str(sample / "users.csv"), "--loop")
 
 
