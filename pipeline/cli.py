@@ -93,6 +93,12 @@ def cmd_app(args, settings):
     serve_console(settings)
 
 
+def cmd_demo(args, settings):
+    from pipeline.demo import run_demo
+
+    run_demo(settings)
+
+
 def cmd_exporter(args, settings):
     from pipeline.exporter import serve_exporter
 
@@ -153,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     redrive.add_argument("--reason", choices=["user", "item", "user_and_item"], help="every missing order with this reason")
 
     add("app", cmd_app, "run the Streamlit console on app.address:app.port")
+    add("demo", cmd_demo, "run broker, producers, job and console together (what 'make demo' runs)")
     exporter = add("exporter", cmd_exporter, "serve the job metrics in Prometheus text format")
     exporter.add_argument("--port", type=int, default=9464)
     return parser

@@ -13,6 +13,7 @@ job at once: retrying cannot fix a full disk or a read-only folder.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import signal
 import threading
@@ -117,6 +118,11 @@ def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
+    from pipeline.control import pid_file
+
+    pid = pid_file(settings)
+    pid.parent.mkdir(parents=True, exist_ok=True)
+    pid.write_text(str(os.getpid()))
     try:
         ensure_topics(settings, service_url)
         spark = build_spark(settings)
@@ -157,6 +163,7 @@ def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event 
                     metrics_store.event("job_stopped", "job stopped while waiting to restart")
                     return
     finally:
+        pid.unlink(missing_ok=True)
         if listener is not None:
             spark.streams.removeListener(listener)
         if own_broker is not None:

@@ -25,15 +25,18 @@ ARROW_BATCH_ROWS = 8192
 _clients: dict[str, object] = {}
 
 
+def new_client(service_url: str):
+    import pulsar
+
+    return pulsar.Client(service_url, operation_timeout_seconds=15, connection_timeout_ms=5000,
+                         logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+
+
 def pulsar_client(service_url: str):
     """One client per URL per Python process (workers are reused, so connections are too)."""
     client = _clients.get(service_url)
     if client is None:
-        import pulsar
-
-        client = pulsar.Client(service_url, operation_timeout_seconds=15, connection_timeout_ms=5000,
-                               logger=logging.getLogger("pulsar"))
-        _clients[service_url] = client
+        client = _clients[service_url] = new_client(service_url)
     return client
 
 
@@ -55,10 +58,10 @@ def partition_topic(topic: str, partition: str) -> str:
     return topic if partition == "-1" else f"{topic}-partition-{partition}"
 
 
-def open_reader(service_url: str, topic: str, start_id: str, receiver_queue: int = 5000):
+def open_reader(service_url: str, topic: str, start_id: str, receiver_queue: int = 5000, client=None):
     """A non-durable reader positioned right after ``start_id`` (or at the earliest message)."""
     try:
-        return pulsar_client(service_url).create_reader(
+        return (client or pulsar_client(service_url)).create_reader(
             topic, to_message_id(start_id), receiver_queue_size=receiver_queue)
     except Exception as exc:  # the C++ client raises its own types (Timeout, TopicNotFound, …)
         raise SourceError(f"cannot open a reader on {topic!r} at {start_id!r} via {service_url!r}: {exc}") from exc
@@ -157,7 +160,10 @@ class PartitionCursor:
         self.base_n, self.base_id = start_n, start_id  # position and id of the last consumed message
         self.max_ahead = max_ahead
         self._ledgers, self._entries, self._batches = array("q"), array("q"), array("q")
-        self._reader = open_reader(service_url, partition_topic(topic, partition), start_id)
+        # Its own connection: on pulsar-lite 0.2.0 a caught-up reader stops being sent new
+        # messages once another reader on the same connection receives one.
+        self._client = new_client(service_url)
+        self._reader = open_reader(service_url, partition_topic(topic, partition), start_id, client=self._client)
 
     @property
     def known_n(self) -> int:
@@ -204,10 +210,11 @@ class PartitionCursor:
         return read
 
     def close(self) -> None:
-        try:
-            self._reader.close()
-        except Exception:  # closing a reader of a dead broker must not mask the real error
-            pass
+        for closeable in (self._reader, self._client):
+            try:
+                closeable.close()
+            except Exception:  # closing a reader of a dead broker must not mask the real error
+                pass
 
 
 def find_position_before(service_url: str, topic: str, partition: str, time_ms: int, timeout_s: float = 120.0) -> str:

@@ -1,0 +1,44 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Each sets itself up first.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup system-deps demo test test-fast bench clean
+
+setup: $(STAMP) system-deps
+
+# The virtualenv with the pinned packages; rebuilt when requirements.txt changes.
+$(STAMP): requirements.txt
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; install Python 3.11"; exit 2; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	touch $(STAMP)
+
+# Spark needs a JRE; the UI smoke test needs Debian's chromium. Installed only when missing.
+system-deps:
+	@command -v java >/dev/null || { echo "installing a JRE for Spark"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq openjdk-17-jre-headless >/dev/null; }
+	@[ -x /usr/bin/chromium ] || { echo "installing Debian's chromium for the browser test"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium >/dev/null; }
+
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+# Broker, producers, job and console on this machine; Ctrl-C stops them all.
+demo: setup
+	$(PY) -m pipeline demo
+
+test: setup
+	$(PY) -m pytest -q
+
+# The fast tier: pure rules and maths, no broker, no Spark.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q tests/test_rules.py tests/test_config.py tests/test_offsets.py tests/test_console_math.py
+
+bench: setup
+	$(PY) -m bench.run
+
+clean:
+	rm -rf var .pytest_cache tests/_artifacts

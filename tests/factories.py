@@ -1,0 +1,43 @@
+"""Record factories with defaults, and a tiny publisher, for tests that go through the broker."""
+
+from __future__ import annotations
+
+import pulsar
+
+from pipeline import wire
+
+
+def user(uid: int, **fields) -> dict:
+    return {"id": uid, "firstName": f"First{uid}", "lastName": f"Last{uid}", "emailAddress": f"u{uid}@example.com",
+            "createdAt": 1_600_000_000_000 + uid, "deletedAt": -1, "mergedAt": -1, "parentUserId": -1, **fields}
+
+
+def item(iid: int, **fields) -> dict:
+    return {"id": iid, "createdAt": 1_500_000_000_000 + iid, "adjective": "shiny", "category": "gadget",
+            "modifier": "pro", "name": f"item{iid}", "price": 10.0 + iid, **fields}
+
+
+def order(invoice: int, user_id: int, item_id: int, **fields) -> dict:
+    return {"invoiceId": invoice, "lineItemId": invoice * 10, "userId": user_id, "itemId": item_id,
+            "itemName": f"item{item_id}", "itemCategory": "gadget", "price": 3.5, "createdAt": 1_700_000_000_000 + invoice,
+            "paidAt": -1, **fields}
+
+
+def publish(service_url: str, topic: str, messages: list[tuple[str | None, bytes]], properties: dict | None = None) -> int:
+    """Send (key, payload) pairs in order and wait for every ack; returns the count."""
+    client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        producer = client.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=2)
+        for key, payload in messages:
+            if key is None:
+                producer.send_async(payload, None, properties=properties)
+            else:
+                producer.send_async(payload, None, partition_key=key, properties=properties)
+        producer.flush()
+        return len(messages)
+    finally:
+        client.close()
+
+
+def keyed(kind: str, records: list[dict]) -> list[tuple[str, bytes]]:
+    return [(wire.message_key(kind, r), wire.encode(r)) for r in records]

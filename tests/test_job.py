@@ -1,0 +1,201 @@
+"""The enrichment job end to end: real broker, real Spark, real Parquet, read back with DuckDB.
+
+One job run covers the scenarios of DESIGN.md §4 (known and unknown users and items, a
+changelog update, a tombstone, poison messages on every topic, orders that arrive before
+their user, orders whose user never comes); a second run on the same checkpoint shows that
+state survives a restart without re-reading the changelogs.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import duckdb
+import pytest
+
+from pipeline import store, wire
+from pipeline.job import run_forever
+from pipeline.metrics import read_rows
+from factories import item, keyed, order, publish, user
+from waiting import wait_for
+
+MAX_WAIT = "12s"
+
+
+def count(data_dir, sink: str) -> int:
+    if not store.sink_dir(data_dir, sink).exists():
+        return 0
+    return duckdb.sql(f"select count(*) from read_parquet('{store.sink_glob(data_dir, sink)}')").fetchall()[0][0]
+
+
+def rows(data_dir, sink: str, columns: str = "*") -> list[dict]:
+    rel = duckdb.sql(f"select {columns} from read_parquet('{store.sink_glob(data_dir, sink)}')")
+    return [dict(zip(rel.columns, r)) for r in rel.fetchall()]
+
+
+class JobThread:
+    """The job in a background thread of the test process, stopped through its event."""
+
+    def __init__(self, settings):
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(settings,), daemon=True)
+        self.thread.start()
+
+    def _run(self, settings):
+        try:
+            run_forever(settings, stop=self.stop)
+        except BaseException as exc:  # surfaced by the test
+            self.error = exc
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(timeout=120)
+        assert not self.thread.is_alive(), "job did not stop"
+        if self.error:
+            raise self.error
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory, broker):
+    from pipeline.config import load_settings
+    from conftest import _counter  # noqa: F401 - shared counter keeps topic names unique
+
+    tag = tmp_path_factory.mktemp("job").name
+    topics = {k: f"persistent://public/default/{k}-{tag}" for k in ("users", "items", "orders")}
+    settings = load_settings(env={}, cli={
+        "pulsar.service_url": broker.service_url, "paths.data_dir": str(tmp_path_factory.mktemp("jobdata")),
+        "spark.master": "local[2]", "job.trigger_interval": "500ms", "enrichment.max_wait": MAX_WAIT,
+        "job.buckets": 8, **{f"topics.{k}": v for k, v in topics.items()}})
+    url = broker.service_url
+    users = [user(u) for u in range(1, 21)] + [user(3, firstName="Updated3")]
+    publish(url, topics["users"], keyed("users", users) + [("5", b""), ("bad", b"{oops"), ("7", b"\xff\xfe")])
+    publish(url, topics["items"], keyed("items", [item(i) for i in range(1, 6)]) + [("9", b'["not", "an object"]')])
+    orders = [order(100 + n, user_id=(n % 22) + 1, item_id=(n % 6) + 1) for n in range(60)]
+    early = [order(900, user_id=50, item_id=1), order(901, user_id=50, item_id=2)]  # user 50 comes later
+    never = [order(950, user_id=77, item_id=1)]  # user 77 never comes
+    publish(url, topics["orders"], keyed("orders", orders + never)
+            + [("bad", wire.encode({**order(999, 1, 1), "userId": None})), ("bad2", b"not json")])
+    job = JobThread(settings)
+    data_dir = settings.data_dir
+    try:
+        wait_for(lambda: count(data_dir, "enriched") >= 1, timeout=180, what="the first enriched rows")
+        # On a warm job: the early orders are read and buffered, then their user arrives.
+        publish(url, topics["orders"], keyed("orders", early))
+        total_orders = len(orders) + len(never) + 2 + len(early)
+        wait_for(lambda: any(t["topic"] == "orders" and t["end_position"] >= total_orders
+                             for p in read_rows(data_dir, "progress") for t in p["topics"]),
+                 timeout=60, what="the early orders to be read")
+        publish(url, topics["users"], keyed("users", [user(50, firstName="Late50")]))
+        expected_total = len(orders) + len(early) + len(never)
+        wait_for(lambda: count(data_dir, "enriched") + count(data_dir, "missing_state") >= expected_total,
+                 timeout=120, what="every order in a sink")
+        wait_for(lambda: count(data_dir, "dead_letter") >= 5, timeout=60, what="dead letters")
+    finally:
+        job.close()
+    yield {"settings": settings, "orders": orders, "early": early, "never": never, "users": users, "topics": topics}
+
+
+def expected_outcome(o: dict) -> tuple[str, str | None]:
+    """Independent expectation from the inputs: users 1..20 (5 deleted), items 1..5."""
+    user_known = 1 <= o["userId"] <= 20 and o["userId"] != 5
+    item_known = 1 <= o["itemId"] <= 5
+    if user_known and item_known:
+        return "enriched", None
+    return "missing_state", ("user_and_item" if not user_known and not item_known else "user" if not user_known else "item")
+
+
+def test_every_order_lands_in_exactly_one_sink(scenario):
+    data_dir = scenario["settings"].data_dir
+    enriched = {r["invoice_id"] for r in rows(data_dir, "enriched", "invoice_id")}
+    missing = {r["invoice_id"] for r in rows(data_dir, "missing_state", "invoice_id")}
+    all_invoices = [o["invoiceId"] for o in scenario["orders"] + scenario["early"] + scenario["never"]]
+    assert count(data_dir, "enriched") + count(data_dir, "missing_state") == len(all_invoices)
+    assert enriched | missing == set(all_invoices) and not enriched & missing
+
+
+def test_outcomes_and_reasons_match_an_independent_expectation(scenario):
+    data_dir = scenario["settings"].data_dir
+    got = {r["invoice_id"]: ("enriched", None) for r in rows(data_dir, "enriched", "invoice_id")}
+    got.update({r["invoice_id"]: ("missing_state", r["reason"]) for r in rows(data_dir, "missing_state", "invoice_id, reason")})
+    for o in scenario["orders"]:
+        assert got[o["invoiceId"]] == expected_outcome(o), o
+
+
+def test_enriched_fields_are_the_latest_versions(scenario):
+    data_dir = scenario["settings"].data_dir
+    for r in rows(data_dir, "enriched"):
+        expected_first = {3: "Updated3", 50: "Late50"}.get(r["user_id"], f"First{r['user_id']}")
+        assert r["user_first_name"] == expected_first
+        assert r["user_email"] == f"u{r['user_id']}@example.com"
+        assert (r["item_name"], r["item_price"]) == (f"item{r['item_id']}", 10.0 + r["item_id"])
+        assert r["source_topic"] == scenario["topics"]["orders"] and r["batch_id"] >= 0
+        assert r["published_at"] <= r["enriched_at"]
+
+
+def test_tombstoned_user_makes_orders_missing(scenario):
+    data_dir = scenario["settings"].data_dir
+    reasons = {r["reason"] for r in rows(data_dir, "missing_state", "user_id, reason") if r["user_id"] == 5}
+    assert reasons and reasons <= {"user", "user_and_item"}
+
+
+def test_order_before_its_user_is_buffered_then_enriched(scenario):
+    data_dir = scenario["settings"].data_dir
+    late = [r for r in rows(data_dir, "enriched") if r["invoice_id"] in (900, 901)]
+    assert len(late) == 2
+    assert all(r["user_first_name"] == "Late50" and r["waited_ms"] > 0 for r in late)
+
+
+def test_order_past_max_wait_is_missing_with_reason(scenario):
+    data_dir = scenario["settings"].data_dir
+    (never,) = [r for r in rows(data_dir, "missing_state") if r["invoice_id"] == 950]
+    assert never["reason"] == "user"
+    assert never["waited_ms"] >= 12_000
+
+
+def test_poison_messages_on_every_topic_are_dead_letters(scenario):
+    data_dir = scenario["settings"].data_dir
+    dead = rows(data_dir, "dead_letter")
+    by_topic = {}
+    for r in dead:
+        by_topic.setdefault(r["source_topic"], []).append(r)
+    topics = scenario["topics"]
+    assert len(by_topic[topics["users"]]) == 2 and len(by_topic[topics["items"]]) == 1
+    assert len(by_topic[topics["orders"]]) == 2
+    errors = {r["error"] for r in dead}
+    assert "field 'userId' is null; it is required" in errors
+    assert "payload must be a JSON object, got list" in errors
+    assert any(r["payload"].startswith("base64:") for r in dead)
+    assert all("\n" not in e for e in errors)
+
+
+def test_metrics_store_has_progress_tasks_and_events(scenario):
+    data_dir = scenario["settings"].data_dir
+    progress = read_rows(data_dir, "progress")
+    assert progress and sum(p["num_input_rows"] for p in progress) >= 60
+    orders_rows = sum(t["rows"] for p in progress for t in p["topics"] if t["topic"] == "orders")
+    assert orders_rows == len(scenario["orders"]) + 3 + 2
+    assert any(p["state"] and p["state"][0]["operator"] == "user_lookup" for p in progress)
+    kinds = [e["kind"] for e in read_rows(data_dir, "events")]
+    assert kinds[0] == "job_started" and kinds[-1] == "job_stopped"
+    tasks = read_rows(data_dir, "tasks")
+    assert {t["stage"] for t in tasks} == {"user_lookup", "item_lookup"}
+
+
+def test_state_survives_a_restart_without_replay(scenario):
+    """Second run on the same checkpoint: new orders are enriched, users are not re-read."""
+    settings, topics = scenario["settings"], scenario["topics"]
+    data_dir = settings.data_dir
+    before = count(data_dir, "enriched")
+    progress_before = len(read_rows(data_dir, "progress"))
+    publish(settings.service_url, topics["orders"], keyed("orders", [order(5000 + n, user_id=3, item_id=2) for n in range(5)]))
+    job = JobThread(settings)
+    try:
+        wait_for(lambda: count(data_dir, "enriched") >= before + 5, timeout=180, what="orders after restart")
+    finally:
+        job.close()
+    new = [r for r in rows(data_dir, "enriched") if r["invoice_id"] >= 5000]
+    assert len(new) == 5 and all(r["user_first_name"] == "Updated3" for r in new)
+    rerun = read_rows(data_dir, "progress")[progress_before:]
+    assert sum(t["rows"] for p in rerun for t in p["topics"] if t["topic"] in ("users", "items")) == 0
