@@ -202,6 +202,20 @@ def derive_job_status(
     )
 
 
+def job_status_from_frames(lifecycle_events: pd.DataFrame, newest_batches: pd.DataFrame, now_ms: int) -> JobStatus:
+    """:func:`derive_job_status` from the frames of ``load_latest_lifecycle_event`` and
+    ``load_batches(limit=1)`` (either may be empty)."""
+    event = lifecycle_events.iloc[0].to_dict() if not lifecycle_events.empty else None
+    batch = newest_batches.iloc[-1] if not newest_batches.empty else None
+    return derive_job_status(
+        lifecycle_event=event,
+        last_progress_ts_ms=None if batch is None else _int_or_none(batch["ts_ms"]),
+        trigger_interval_ms=None if batch is None else _int_or_none(batch["trigger_interval_ms"]),
+        last_batch_duration_ms=None if batch is None else _int_or_none(batch["batch_duration_ms"]),
+        now_ms=now_ms,
+    )
+
+
 def _attempt(details: Mapping[str, Any]) -> str:
     return f"{details.get('attempt', '?')}/{details.get('max_attempts', '?')}"
 
@@ -241,21 +255,33 @@ class ReplayProgress:
     fraction: float | None
 
 
-def locate_replay(positions: pd.DataFrame, target_position: int | None) -> ReplayProgress:
+def locate_replay(positions: pd.DataFrame, target_position: int | None, generation: int | None = None) -> ReplayProgress:
     """A replay's progress from its topic's rows in the progress stream since it started.
 
-    ``positions`` has ``generation, rows, end_position`` per batch, oldest first. The replay
-    reads under the newest generation; its start is where the first batch of that generation
-    began (``end_position − rows``) and its current position the newest ``end_position``.
+    ``positions`` has ``generation, rows, end_position, latest_position`` per batch, oldest
+    first. The replay reads under its own ``generation`` (the job numbers generations by
+    replay seq), or the newest one seen if that is unknown. Its start is where the first batch
+    of that generation began (``end_position − rows``), its current position the newest
+    ``end_position``, and its target the ``target_position`` the job announced or, failing
+    that, the newest ``latest_position`` of the generation (all it has to re-read so far).
     """
-    target = None if target_position is None or pd.isna(target_position) else int(target_position)
-    if positions.empty:
+    target = _int_or_none(target_position)
+    generations = positions["generation"].fillna(0) if not positions.empty else pd.Series(dtype="int64")
+    if generation is not None and (generations == generation).any():
+        rows = positions[generations == generation]
+    elif not positions.empty:
+        rows = positions[generations == generations.max()]
+    else:
         return ReplayProgress(None, None, target, None)
-    generations = positions["generation"].fillna(0)
-    rows = positions[generations == generations.max()]
     start = int(rows["end_position"].iloc[0]) - int(rows["rows"].iloc[0])
     current = int(rows["end_position"].iloc[-1])
+    if target is None and "latest_position" in rows:
+        target = _int_or_none(rows["latest_position"].iloc[-1])
     return ReplayProgress(start, current, target, compute_replay_progress(start, current, target))
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None or pd.isna(value) else int(value)
 
 
 # -------------------------------------------------------------------------- time axis

@@ -376,11 +376,15 @@ def load_progress_totals(connection: Connection, data_dir: Path) -> pd.DataFrame
 
 
 def load_topic_positions(connection: Connection, data_dir: Path, topic: str, since_ms: int) -> pd.DataFrame:
-    """A topic's positions in every batch from ``since_ms`` on: ``ts_ms, batch_id, generation, rows, end_position``."""
+    """A topic's positions in every batch from ``since_ms`` on.
+
+    Columns ``ts_ms, batch_id, generation, rows, end_position, latest_position``, oldest first.
+    """
     sql = f"""
         WITH per_topic AS (SELECT ts_ms, batch_id, unnest(topics) AS t
                            FROM {metrics_relation(data_dir, 'progress')} WHERE ts_ms >= $since_ms)
-        SELECT ts_ms, batch_id, t.generation AS generation, t."rows" AS "rows", t.end_position AS end_position
+        SELECT ts_ms, batch_id, t.generation AS generation, t."rows" AS "rows", t.end_position AS end_position,
+               t.latest_position AS latest_position
         FROM per_topic WHERE t.topic = $topic ORDER BY ts_ms"""
     return _frame(connection, sql, {"topic": topic, "since_ms": int(since_ms)})
 

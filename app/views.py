@@ -115,20 +115,12 @@ def render_table(frame: pd.DataFrame, column_config: dict | None = None, height:
 # ---------------------------------------------------------------------- job status
 
 
-def load_job_status(data_dir: Path, settings: Settings) -> console_math.JobStatus:
+def load_job_status(data_dir: Path) -> console_math.JobStatus:
     """The job's status from its newest lifecycle event and its newest batch."""
-    events = fetch(queries.load_latest_lifecycle_event, data_dir=data_dir)
-    newest = fetch(queries.load_batches, data_dir=data_dir, limit=1)
-    event = events.iloc[0].to_dict() if not events.empty else None
-    batch = newest.iloc[0] if not newest.empty else None
-    return console_math.derive_job_status(
-        lifecycle_event=event,
-        last_progress_ts_ms=None if batch is None else int(batch["ts_ms"]),
-        trigger_interval_ms=None if batch is None or is_missing(batch["trigger_interval_ms"])
-        else int(batch["trigger_interval_ms"]),
-        last_batch_duration_ms=None if batch is None or is_missing(batch["batch_duration_ms"])
-        else int(batch["batch_duration_ms"]),
-        now_ms=now_ms(),
+    return console_math.job_status_from_frames(
+        fetch(queries.load_latest_lifecycle_event, data_dir=data_dir),
+        fetch(queries.load_batches, data_dir=data_dir, limit=1),
+        now_ms(),
     )
 
 

@@ -19,7 +19,7 @@ views.render_page_header(
 
 @st.fragment(run_every=REFRESH_SECONDS)
 def render_live() -> None:
-    views.render_job_status(views.load_job_status(data_dir, settings))
+    views.render_job_status(views.load_job_status(data_dir))
     totals = fetch(queries.load_sink_totals, data_dir=data_dir, now_ms=refresh_tick_ms()).set_index("sink")
     if int(totals["rows"].sum()) == 0:
         views.render_empty_state(f"No enriched orders yet — {views.START_HINT}.")

@@ -47,7 +47,7 @@ def render_request() -> None:
 
 @st.fragment(run_every=REFRESH_SECONDS)
 def render_job_status() -> None:
-    views.render_job_status(views.load_job_status(data_dir, settings))
+    views.render_job_status(views.load_job_status(data_dir))
 
 
 @st.fragment(run_every=REFRESH_SECONDS)
@@ -77,16 +77,22 @@ def render_replays() -> None:
 
 
 def render_running_replay(replay) -> None:
-    label = f"Replay #{replay.seq} of {replay.topic} from {replay.from_position}"
+    origin = f" from {replay.from_position}" if isinstance(replay.from_position, str) else ""
+    label = f"Replay #{replay.seq} of {replay.topic}{origin}"
     if views.is_missing(replay.started_ms):
         st.info(f"{label}: requested {views.format_time(replay.requested_at)} by {replay.requested_by}; "
                 "waiting for the job to pick it up.", icon=":material/schedule:")
         return
     positions = fetch(queries.load_topic_positions, data_dir=data_dir, topic=replay.topic, since_ms=int(replay.started_ms))
-    progress = console_math.locate_replay(positions, replay.target_position)
-    if progress.fraction is None:
+    progress = console_math.locate_replay(positions, replay.target_position, generation=int(replay.seq))
+    if progress.current_position is None:
         st.info(f"{label}: started {views.format_time(replay.started_at)}; no batch has read it yet.",
                 icon=":material/schedule:")
+        return
+    if progress.fraction is None:
+        st.info(f"{label}: started {views.format_time(replay.started_at)}; "
+                f"{progress.current_position - progress.start_position:,} messages re-read so far.",
+                icon=":material/autorenew:")
         return
     st.progress(progress.fraction, text=(
         f"{label}: {progress.current_position - progress.start_position:,} of "

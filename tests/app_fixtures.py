@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pytest
 import pyarrow.parquet as pq
 
 from pipeline import store
@@ -105,7 +106,8 @@ def write_data_dir(
     restart_batch, savepoint_batch = batches * 2 // 5, batches // 2
     replay_items = (batches * 3 // 5, batches * 3 // 5 + max(2, batches // 10))
     replay_users_start = batches - max(3, batches // 10)
-    marks: dict[str, int] = {}  # topic positions where the replays start and end
+    marks: dict[str, int] = {}  # the items replay's last position, for its events
+    generations: dict[str, int] = {}
 
     for batch in range(batches):
         ts_ms = first_ts + batch * trigger_interval_ms
@@ -207,16 +209,23 @@ def write_data_dir(
         if batch >= replay_users_start:
             changelog_rows["users"] += max(1, users // 20)
         backlog_orders = int(n * (3 if slow else 0.2))
+        # A replay is a new generation numbered by its seq; positions count from 0 within it.
+        if batch == replay_items[0]:
+            generations["items"], positions["items"] = 1, 0
         if batch == replay_users_start:
-            marks["users_start"] = positions["users"]
+            generations["users"], positions["users"] = 2, 0
         topics = []
         for topic, rows in (("orders", n), ("users", changelog_rows["users"]), ("items", changelog_rows["items"])):
             positions[topic] += rows
-            generation = {"items": int(batch >= replay_items[0]), "users": int(batch >= replay_users_start)}.get(topic, 0)
             backlog = backlog_orders if topic == "orders" else 0
+            latest = positions[topic] + backlog
+            if topic == "users" and batch >= replay_users_start:
+                latest = max(latest, users)  # the replay still has to re-read every user
             topics.append({
-                "topic": topic, "generation": generation, "rows": rows, "end_position": positions[topic],
-                "latest_position": positions[topic] + backlog, "backlog": backlog if topic == "orders" else None,
+                "topic": topic, "generation": generations.get(topic, 0), "rows": rows, "end_position": positions[topic],
+                "latest_position": latest, "backlog": latest - positions[topic] if topic != "items" else None,
+                "replaying": topic == "users" and batch >= replay_users_start
+                             or topic == "items" and replay_items[0] <= batch < replay_items[1] - 1,
                 "partitions": _split(rows, partitions if topic == "orders" else 1, rng),
             })
         if batch == replay_items[1] - 1:
@@ -253,7 +262,7 @@ def write_data_dir(
                 tasks.append({"ts_ms": ts_ms + duration_ms, "batch_id": batch, "stage": stage, "stage_id": stage_id,
                               "task": task, "records": share["rows"], "duration_ms": 5 + share["rows"] // 4})
 
-    events = _story_events(first_ts, trigger_interval_ms, restart_batch, savepoint_batch, replay_items, replay_users_start, marks, users, items)
+    events = _story_events(first_ts, trigger_interval_ms, restart_batch, savepoint_batch, replay_items, replay_users_start, marks)
     _write_jsonl(data_dir, "progress", progress, half_written_tail='{"ts": "2026-')
     _write_jsonl(data_dir, "tasks", tasks)
     _write_jsonl(data_dir, "events", events)
@@ -266,7 +275,7 @@ def write_empty_data_dir(data_dir: Path) -> Path:
     return Path(data_dir)
 
 
-def _story_events(first_ts, interval, restart_batch, savepoint_batch, replay_items, replay_users_start, marks, users, items):
+def _story_events(first_ts, interval, restart_batch, savepoint_batch, replay_items, replay_users_start, marks):
     at = lambda batch: first_ts + batch * interval  # noqa: E731 - a timeline helper
     return [
         _event(first_ts - 2000, "job_started", "job started (run-1)", {"run_id": "run-1"}),
@@ -280,13 +289,14 @@ def _story_events(first_ts, interval, restart_batch, savepoint_batch, replay_ite
         _event(at(replay_items[0]) - 200, "replay_started", "replay #1 of items started",
                {"seq": 1, "topic": "items", "from": "earliest", "target_position": marks["items_end"]}),
         _event(at(replay_items[1]) + 400, "replay_finished", "replay #1 of items finished",
-               {"seq": 1, "topic": "items", "messages": items, "duration_ms": (replay_items[1] - replay_items[0]) * interval}),
+               {"seq": 1, "topic": "items", "messages": marks["items_end"], "duration_ms": (replay_items[1] - replay_items[0]) * interval}),
         _event(at(replay_items[1]) + 2000, "redrive", "re-drove 4 missing-state orders",
                {"count": 4, "requested_by": "console", "selector": {"reason": "user"}}),
         _event(at(replay_users_start) - 700, "replay_requested", "replay #2 of users requested from 2026-11-21T00:00:00Z",
                {"seq": 2, "topic": "users", "from": "2026-11-21T00:00:00Z", "requested_by": "cli"}),
         _event(at(replay_users_start) - 300, "replay_started", "replay #2 of users started",
-               {"seq": 2, "topic": "users", "from": "2026-11-21T00:00:00Z", "target_position": marks["users_start"] + users}),
+               # As the job writes it today: no target position yet, so the console falls back on latest_position.
+               {"seq": 2, "topic": "users", "target_position": None}),
     ]
 
 
@@ -336,3 +346,39 @@ def _day(ts_ms: int) -> str:
 
 def _iso(ts_ms: int) -> str:
     return datetime.fromtimestamp(ts_ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+# ------------------------------------------------------------------ pytest fixtures
+# Imported by the console's test modules (pytest picks up fixtures a module imports).
+
+
+@pytest.fixture(scope="session")
+def fixture_data(tmp_path_factory) -> FixtureSummary:
+    """One realistic data dir for the whole session; tests only read it."""
+    return write_data_dir(tmp_path_factory.mktemp("console") / "data")
+
+
+@pytest.fixture
+def empty_data_dir(tmp_path) -> Path:
+    """A data dir the job has not written to."""
+    return write_empty_data_dir(tmp_path / "empty")
+
+
+def read_sink(data_dir: Path, sink: str):
+    """A whole sink as pandas, read with pyarrow (independently of the console's DuckDB SQL)."""
+    import pandas as pd
+
+    files = sorted(store.sink_dir(data_dir, sink).glob("batch=*/*.parquet"))
+    return pd.concat([pq.read_table(path).to_pandas() for path in files], ignore_index=True)
+
+
+def read_metrics(data_dir: Path, stream: str) -> list[dict]:
+    """Every complete line of a metrics stream, parsed with json (half-written lines skipped)."""
+    rows = []
+    for path in sorted(store.metrics_dir(data_dir, stream).glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+    return rows

@@ -1,0 +1,281 @@
+"""The console's DuckDB queries against real files: each figure is checked against the same
+files read independently (pyarrow for Parquet, json for the metrics store)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from app import console_math, queries, sources
+from app_fixtures import (ENRICHED_SCHEMA, empty_data_dir, fixture_data, read_metrics,  # noqa: F401 - fixtures
+                          read_sink)
+from pipeline import store
+
+
+@pytest.fixture(scope="module")
+def connection():
+    con = sources.connect()
+    yield con
+    con.close()
+
+
+def _ms(series: pd.Series) -> pd.Series:
+    return series.astype("datetime64[ms, UTC]").astype("int64")
+
+
+# --------------------------------------------------------------------- empty data dir
+
+EMPTY_CALLS = {
+    "load_sink_totals": {"now_ms": 0},
+    "load_throughput": {"window_end_ms": 10_000, "window_s": 60, "bucket_s": 1},
+    "load_latency_over_time": {"window_end_ms": 10_000, "window_s": 60, "bucket_s": 1},
+    "load_latency_summary": {"window_end_ms": 10_000, "window_s": 60},
+    "load_newest_enriched": {},
+    "load_missing_orders": {"user_id": 1},
+    "load_missing_totals": {},
+    "load_missing_by_reason": {"window_end_ms": 10_000, "window_s": 60, "bucket_s": 1},
+    "load_top_missing_keys": {"key": "item"},
+    "load_key_load": {"key": "user"},
+    "load_recent_tasks": {},
+    "load_partition_rows": {},
+    "load_batches": {},
+    "load_state_by_operator": {},
+    "load_backlog": {},
+    "load_progress_totals": {},
+    "load_topic_positions": {"topic": "users", "since_ms": 0},
+    "load_events": {},
+    "load_latest_lifecycle_event": {},
+    "load_event_counts": {},
+    "load_replays": {},
+}
+
+
+@pytest.mark.parametrize("name", sorted(EMPTY_CALLS))
+def test_every_query_reads_an_untouched_data_dir_as_empty(connection, empty_data_dir, name):
+    frame = getattr(queries, name)(connection, empty_data_dir, **EMPTY_CALLS[name])
+    assert isinstance(frame, pd.DataFrame)
+    numbers = frame.select_dtypes("number").fillna(0)
+    if name in ("load_sink_totals", "load_latency_summary", "load_progress_totals"):
+        assert numbers.to_numpy().sum() == 0  # one summary row of zeros
+    else:
+        assert frame.empty
+
+
+def test_every_query_is_covered_by_the_empty_dir_test():
+    public = {name for name in dir(queries) if name.startswith("load_") and callable(getattr(queries, name))}
+    assert public == set(EMPTY_CALLS)
+
+
+# ------------------------------------------------------------------------------ sinks
+
+def test_sink_totals_and_last_minute_rates(connection, fixture_data):
+    data_dir, now = fixture_data.data_dir, fixture_data.now_ms
+    totals = queries.load_sink_totals(connection, data_dir, now).set_index("sink")
+    for sink, column in queries.SINK_TIME.items():
+        frame = read_sink(data_dir, sink)
+        times = _ms(frame[column])
+        last_minute = int(((times > now - 60_000) & (times <= now)).sum())
+        assert totals.at[sink, "rows"] == len(frame)
+        assert totals.at[sink, "rows_last_minute"] == last_minute
+        assert totals.at[sink, "rows_per_second"] == pytest.approx(last_minute / 60)
+        assert totals.at[sink, "newest_ms"] == times.max()
+    assert totals.at["enriched", "rows"] == fixture_data.enriched_rows > 0
+
+
+def test_latency_percentiles_on_known_latencies(connection, tmp_path):
+    # 100 orders published at t and enriched 1..100 ms later: p50 = 50.5, p99 = 99.01 (linear).
+    base = 1_800_000_000_000
+    latencies = np.arange(1, 101)
+    columns = {field.name: pa.nulls(100, field.type) for field in ENRICHED_SCHEMA}
+    columns.update(
+        published_at=pa.array((base + 1000 - latencies) * 1000).cast(pa.timestamp("us", tz="UTC")),
+        enriched_at=pa.array(np.full(100, (base + 1000) * 1000)).cast(pa.timestamp("us", tz="UTC")),
+        invoice_id=pa.array(np.arange(100), pa.int64()),
+    )
+    folder = store.sink_dir(tmp_path, "enriched") / store.batch_folder(0)
+    folder.mkdir(parents=True)
+    pq.write_table(pa.table(columns, schema=ENRICHED_SCHEMA), folder / "part-00000.parquet")
+    summary = queries.load_latency_summary(connection, tmp_path, window_end_ms=base + 1000, window_s=60).iloc[0]
+    assert (summary["orders"], summary["p50_ms"], summary["max_ms"]) == (100, 50.5, 100)
+    assert summary["p99_ms"] == pytest.approx(99.01)
+    over_time = queries.load_latency_over_time(connection, tmp_path, window_end_ms=base + 1000, window_s=60, bucket_s=10)
+    assert over_time[["orders", "p50_ms"]].values.tolist() == [[100, 50.5]]
+
+
+def test_throughput_buckets_count_back_from_the_window_end(connection, fixture_data):
+    data_dir = fixture_data.data_dir
+    enriched = read_sink(data_dir, "enriched")
+    end = int(_ms(enriched["enriched_at"]).max())
+    throughput = queries.load_throughput(connection, data_dir, end, window_s=10, bucket_s=5)
+    rows = throughput[throughput["sink"] == "enriched"]
+    times = _ms(enriched["enriched_at"])
+    expected = [int(((times > end - 10_000) & (times <= end - 5_000)).sum()), int(((times > end - 5_000) & (times <= end)).sum())]
+    assert rows["rows"].tolist() == expected
+    assert rows["rows_per_second"].tolist() == pytest.approx([count / 5 for count in expected])
+    assert _ms(rows["bucket_start"].dt.tz_localize("UTC")).tolist() == [end - 10_000, end - 5_000]
+
+
+def test_newest_enriched_orders(connection, fixture_data):
+    newest = queries.load_newest_enriched(connection, fixture_data.data_dir, limit=5)
+    enriched = read_sink(fixture_data.data_dir, "enriched").sort_values(
+        ["enriched_at", "invoice_id"], ascending=False).head(5)
+    assert newest["invoice_id"].tolist() == enriched["invoice_id"].tolist()
+    assert newest["latency_ms"].tolist() == (_ms(enriched["enriched_at"]) - _ms(enriched["published_at"])).tolist()
+
+
+# ---------------------------------------------------------------------- missing state
+
+def test_missing_orders_say_when_the_user_and_item_appeared(connection, fixture_data):
+    data_dir = fixture_data.data_dir
+    enriched, missing = read_sink(data_dir, "enriched"), read_sink(data_dir, "missing_state")
+    found = queries.load_missing_orders(connection, data_dir, limit=1000)
+    assert len(found) == len(missing)
+    appeared = 0
+    for row in found.itertuples():
+        detected = pd.Timestamp(row.detected_at, tz="UTC")
+        for key, seen in (("user_id", row.user_seen_at), ("item_id", row.item_seen_at)):
+            later = enriched[(enriched[key] == getattr(row, key)) & (enriched["enriched_at"] > detected)]["enriched_at"]
+            expected = later.min() if len(later) else None
+            if expected is None:
+                assert pd.isna(seen)
+            else:
+                appeared += 1
+                assert pd.Timestamp(seen, tz="UTC") == expected
+    assert appeared > 0  # the fixture has keys that show up later
+
+
+def test_missing_orders_search_by_each_id(connection, fixture_data):
+    data_dir, example = fixture_data.data_dir, fixture_data.missing_example
+    missing = read_sink(data_dir, "missing_state")
+    for column in ("invoice_id", "user_id", "item_id"):
+        found = queries.load_missing_orders(connection, data_dir, **{column: example[column]})
+        assert sorted(found["source_message_id"]) == sorted(missing[missing[column] == example[column]]["source_message_id"])
+        assert not found.empty
+
+
+def test_missing_orders_show_what_became_of_a_redrive(connection, fixture_data):
+    data_dir = fixture_data.data_dir
+    found = queries.load_missing_orders(connection, data_dir, limit=1000).set_index("source_message_id")
+    redriven = fixture_data.redriven_message_ids
+    assert redriven and found.loc[redriven, "redrive_enriched_at"].notna().all()
+    assert found.drop(index=redriven)["redrive_enriched_at"].isna().all()
+
+
+def test_missing_totals_reasons_over_time_and_top_keys(connection, fixture_data):
+    data_dir = fixture_data.data_dir
+    missing = read_sink(data_dir, "missing_state")
+    totals = queries.load_missing_totals(connection, data_dir).set_index("reason")["orders"]
+    assert totals.to_dict() == missing["reason"].value_counts().to_dict()
+    end = int(_ms(missing["detected_at"]).max())
+    by_reason = queries.load_missing_by_reason(connection, data_dir, end, window_s=3600, bucket_s=60)
+    assert by_reason.groupby("reason")["orders"].sum().to_dict() == totals.to_dict()
+    top = queries.load_top_missing_keys(connection, data_dir, key="user", limit=3)
+    user_missing = missing[missing["reason"].isin(["user", "user_and_item"])]["user_id"].value_counts()
+    assert top["missing_orders"].tolist() == sorted(user_missing.values, reverse=True)[:3]
+    assert user_missing[top["key_id"].iloc[0]] == top["missing_orders"].iloc[0]
+
+
+# ------------------------------------------------------------------------------ skew
+
+def test_key_load_and_the_share_of_the_top_one_percent(connection, fixture_data):
+    data_dir = fixture_data.data_dir
+    users = pd.concat([read_sink(data_dir, "enriched")["user_id"], read_sink(data_dir, "missing_state")["user_id"]])
+    counts = users.value_counts()
+    top_keys = max(1, math.ceil(len(counts) * 0.01))
+    load = queries.load_key_load(connection, data_dir, key="user", limit=5)
+    assert load["orders"].tolist() == counts.sort_values(ascending=False).head(5).tolist()
+    first = load.iloc[0]
+    assert (first["total_keys"], first["total_orders"], first["top_keys"]) == (len(counts), len(users), top_keys)
+    assert first["top_share"] == pytest.approx(counts.sort_values(ascending=False).head(top_keys).sum() / len(users))
+
+
+def test_recent_tasks_and_rows_per_partition(connection, fixture_data):
+    data_dir = fixture_data.data_dir
+    tasks = pd.DataFrame(read_metrics(data_dir, "tasks"))
+    recent = queries.load_recent_tasks(connection, data_dir, batches=2)
+    newest = sorted(tasks["batch_id"].unique())[-2:]
+    assert sorted(recent["batch_id"].unique()) == newest
+    assert recent["records"].sum() == tasks[tasks["batch_id"].isin(newest)]["records"].sum()
+
+    progress = read_metrics(data_dir, "progress")[-10:]
+    expected: dict[tuple[str, int], int] = {}
+    for row in progress:
+        for topic in row["topics"]:
+            for part in topic["partitions"]:
+                key = (topic["topic"], part["partition"])
+                expected[key] = expected.get(key, 0) + part["rows"]
+    partitions = queries.load_partition_rows(connection, data_dir, batches=10)
+    assert {(r.topic, r.partition): r.rows for r in partitions.itertuples()} == expected
+
+
+# --------------------------------------------------------------- progress and events
+
+def test_batches_skip_the_half_written_line_and_sum_the_state(connection, fixture_data):
+    data_dir = fixture_data.data_dir
+    progress = read_metrics(data_dir, "progress")
+    raw_lines = sum(len(p.read_text().splitlines()) for p in store.metrics_dir(data_dir, "progress").glob("*.jsonl"))
+    assert raw_lines == len(progress) + 1  # the fixture ends in a half-written line
+    batches = queries.load_batches(connection, data_dir, limit=1000)
+    assert batches["batch_id"].tolist() == [row["batch_id"] for row in progress]
+    last, newest = batches.iloc[-1], progress[-1]
+    assert last["state_rows"] == sum(op["rows_total"] for op in newest["state"])
+    assert last["rocksdb_commit_ms"] == sum(value for op in newest["state"] for name, value in op["custom"].items()
+                                            if name.startswith("rocksdbCommit") and name.endswith("LatencyMs"))
+    assert last["addBatch_ms"] == newest["duration_ms"]["addBatch"]
+    assert last["enriched_rows"] == newest["sink_rows"]["enriched"]
+    totals = queries.load_progress_totals(connection, data_dir).iloc[0]
+    assert (totals["batches"], totals["enriched_rows"]) == (len(progress), fixture_data.enriched_rows)
+
+
+def test_backlog_per_topic(connection, fixture_data):
+    newest = read_metrics(fixture_data.data_dir, "progress")[-1]
+    backlog = queries.load_backlog(connection, fixture_data.data_dir, limit=1).set_index("topic")["backlog"]
+    for topic in newest["topics"]:
+        assert backlog[topic["topic"]] == console_math.compute_backlog(
+            topic["end_position"], topic["latest_position"], topic["backlog"])
+
+
+def test_events_replays_and_state_by_operator(connection, fixture_data):
+    data_dir = fixture_data.data_dir
+    events = read_metrics(data_dir, "events")
+    loaded = queries.load_events(connection, data_dir)
+    assert loaded["kind"].tolist() == [e["kind"] for e in sorted(events, key=lambda e: e["ts_ms"], reverse=True)]
+    assert loaded["details"].iloc[-1] == events[0]["details"]
+    lifecycle = queries.load_latest_lifecycle_event(connection, data_dir)
+    assert lifecycle["kind"].tolist() == ["job_started"] and lifecycle["details"][0] == {"run_id": "run-2"}
+    counts = queries.load_event_counts(connection, data_dir).set_index("kind")["events"]
+    assert counts["restart"] == 1 and counts["replay_started"] == 2
+
+    replays = queries.load_replays(connection, data_dir).set_index("seq")
+    assert replays.loc[1, "messages"] == next(e["details"]["messages"] for e in events if e["kind"] == "replay_finished")
+    assert replays.loc[1, "requested_by"] == "console" and replays.loc[2, "requested_by"] == "cli"
+    assert pd.isna(replays.loc[2, "finished_at"]) and replays.loc[2, "from_position"] == "2026-11-21T00:00:00Z"
+
+    newest = read_metrics(data_dir, "progress")[-1]
+    operators = queries.load_state_by_operator(connection, data_dir).set_index("operator")["rows_total"]
+    assert operators.to_dict() == {op["operator"]: op["rows_total"] for op in newest["state"]}
+
+
+def test_topic_positions_for_a_replay(connection, fixture_data):
+    data_dir = fixture_data.data_dir
+    started = next(e for e in read_metrics(data_dir, "events") if e["kind"] == "replay_started" and e["details"]["seq"] == 2)
+    positions = queries.load_topic_positions(connection, data_dir, topic="users", since_ms=started["ts_ms"])
+    expected = [t["end_position"] for row in read_metrics(data_dir, "progress") if row["ts_ms"] >= started["ts_ms"]
+                for t in row["topics"] if t["topic"] == "users"]
+    assert positions["end_position"].tolist() == expected and expected
+    progress = console_math.locate_replay(positions, None, generation=2)
+    assert progress.start_position == 0 and progress.current_position == expected[-1]
+
+
+def test_a_line_of_the_wrong_shape_is_skipped_not_fatal(connection, tmp_path):
+    folder = store.metrics_dir(tmp_path, "events")
+    folder.mkdir(parents=True)
+    good = {"ts": "2026-11-22T00:00:00.000Z", "ts_ms": 1, "kind": "job_started", "message": "m", "details": {}}
+    (folder / "2026-11-22.jsonl").write_text(json.dumps(good) + "\n" + '{"ts_ms": "not a number", "kind": 3}\n{"ts_ms": 2')
+    assert queries.load_events(connection, tmp_path)["kind"].tolist() == ["job_started"]
