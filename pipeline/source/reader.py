@@ -242,13 +242,14 @@ def find_position_before(service_url: str, topic: str, partition: str, time_ms: 
 
 
 def last_message_id(service_url: str, topic: str, partition: str) -> str | None:
-    """The id of the newest message, via a non-durable consumer (None for an empty topic)."""
-    import pulsar
+    """The id of the newest message, via a short-lived subscription (None for an empty topic).
 
+    The Python client has no non-durable subscriptions, so the probe unsubscribes at once,
+    leaving no cursor behind that would hold messages on Apache Pulsar.
+    """
     client = pulsar_client(service_url)
     try:
-        consumer = client.subscribe(partition_topic(topic, partition), f"ss-probe-{time.time_ns()}",
-                                    subscription_mode=pulsar.SubscriptionMode.NonDurable)
+        consumer = client.subscribe(partition_topic(topic, partition), f"ss-probe-{time.time_ns()}")
     except Exception as exc:
         raise SourceError(f"cannot probe the last message of {topic!r}: {exc}") from exc
     try:
@@ -256,7 +257,10 @@ def last_message_id(service_url: str, topic: str, partition: str) -> str | None:
     except Exception:  # pulsar-lite raises on an empty topic
         return None
     finally:
-        consumer.close()
+        try:
+            consumer.unsubscribe()
+        except Exception:  # the broker may refuse; closing is enough then
+            consumer.close()
     if mid.entry_id() < 0:
         return None
     return id_text(mid)

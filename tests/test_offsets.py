@@ -1,0 +1,58 @@
+"""Source offsets: ranges, fair row caps, replay generations (pure)."""
+
+import pytest
+
+from pipeline.source import offsets as off
+
+
+def test_ranges_between_continue_each_partition():
+    start = {"users": {"gen": 0, "base": {"-1": "earliest"}, "target": {}, "parts": {"-1": {"n": 10, "id": "0:9:-1:-1"}}}}
+    end = {"users": {"gen": 0, "base": {"-1": "earliest"}, "target": {}, "parts": {"-1": {"n": 15, "id": "0:14:-1:-1"}}}}
+    (rng,) = off.ranges_between(start, end)
+    assert (rng.start_id, rng.start_n, rng.end_id, rng.end_n, rng.count) == ("0:9:-1:-1", 10, "0:14:-1:-1", 15, 5)
+    assert off.ranges_between(end, end) == []
+
+
+def test_new_generation_restarts_at_its_base():
+    start = {"users": {"gen": 0, "base": {"-1": "earliest"}, "target": {}, "parts": {"-1": {"n": 99, "id": "0:98:-1:-1"}}}}
+    end = {"users": {"gen": 3, "base": {"-1": "earliest"}, "target": {"-1": "0:98:-1:-1"}, "parts": {"-1": {"n": 40, "id": "0:39:-1:-1"}}}}
+    (rng,) = off.ranges_between(start, end)
+    assert (rng.gen, rng.start_id, rng.start_n, rng.end_n) == (3, "earliest", 0, 40)
+
+
+def test_new_partitions_start_at_earliest():
+    offset = off.initial_offset({"orders": ["0"]})
+    grown = off.with_partitions(offset, {"orders": ["0", "1"]})
+    assert grown["orders"]["parts"]["1"] == {"n": 0, "id": "earliest"}
+    assert offset["orders"]["parts"] == {"0": {"n": 0, "id": "earliest"}}  # not mutated
+
+
+@pytest.mark.parametrize("available,limit,expected", [
+    ({"a": 100, "b": 100}, 50, {"a": 25, "b": 25}),
+    ({"a": 5, "b": 100}, 50, {"a": 5, "b": 45}),
+    ({"a": 0, "b": 7}, 50, {"a": 0, "b": 7}),
+    ({"a": 10, "b": 10}, None, {"a": 10, "b": 10}),
+    ({"a": 3, "b": 3, "c": 3}, 4, None),
+])
+def test_allocate_is_fair_and_capped(available, limit, expected):
+    grants = off.allocate(available, limit)
+    if expected is not None:
+        assert grants == expected
+    assert sum(grants.values()) <= (limit or sum(available.values()))
+    assert all(0 <= grants[k] <= available[k] for k in available)
+    if limit == 4:
+        assert sum(grants.values()) == 4
+
+
+def test_replay_finishes_when_target_reached():
+    topic = {"gen": 1, "target": {"-1": "0:50:-1:-1"}, "parts": {"-1": {"n": 10, "id": "0:9:-1:-1"}}}
+    assert not off.replay_finished(topic)
+    topic["parts"]["-1"]["id"] = "0:50:-1:-1"
+    assert off.replay_finished(topic)
+    assert off.replay_finished({"gen": 0, "target": {}, "parts": {}})
+
+
+def test_position_parse_errors_name_the_value():
+    with pytest.raises(ValueError, match="'x:y' is not of the form"):
+        off.Position.parse("x:y")
+    assert off.Position.parse("1:2:-1:3") < off.Position.parse("1:3:-1:-1")
