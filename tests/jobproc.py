@@ -1,0 +1,56 @@
+"""The job as a real ``python -m pipeline run`` process, for crash tests (kill -9 of its whole group)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from pipeline.broker import _die_with_parent
+
+
+def cli_args(settings) -> list[str]:
+    """--set flags that reproduce these settings in a child process."""
+    keys = ("pulsar.service_url", "paths.data_dir", "spark.master", "job.trigger_interval", "job.max_rows_per_batch",
+            "job.buckets", "job.restart.attempts", "job.restart.delay", "enrichment.max_wait",
+            "topics.users", "topics.items", "topics.orders")
+    args = []
+    for key in keys:
+        value = settings[key]
+        if isinstance(value, float):
+            value = f"{value}s"
+        args += ["--set", f"{key}={value}"]
+    return args
+
+
+class JobProcess:
+    def __init__(self, settings, log_path):
+        self.log = open(log_path, "ab")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SS_")}
+        self.proc = subprocess.Popen([sys.executable, "-m", "pipeline", *cli_args(settings), "run"],
+                                     stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL, env=env,
+                                     start_new_session=True, preexec_fn=_die_with_parent)
+
+    def kill9(self) -> None:
+        """A crash: SIGKILL to the job and its JVM and Python workers at once."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=30)
+        self.log.close()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # leftover Python workers, if any
+        except ProcessLookupError:
+            pass
+        self.log.close()
+        return self.proc.returncode
