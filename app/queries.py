@@ -16,14 +16,13 @@ from typing import Any
 import duckdb
 import pandas as pd
 
+from app.catalog import SINK_TIME, catalog_for
 from app.console_math import LIFECYCLE_KINDS, compute_backlog
 from app.sources import DURATION_PHASES, metrics_relation, sink_relation
 
 Connection = duckdb.DuckDBPyConnection
 
 RATE_WINDOW_S = 60
-# The column each sink is timed by: when the job committed the row.
-SINK_TIME = {"enriched": "enriched_at", "missing_state": "detected_at", "dead_letter": "detected_at"}
 # Which reasons mean that a user or an item was missing, and the column holding its id.
 MISSING_KEYS = {
     "user": ("user_id", ("user", "user_and_item")),
@@ -35,6 +34,17 @@ LATENCY_MS = "(epoch_ms(enriched_at) - epoch_ms(published_at))"
 
 def _frame(connection: Connection, sql: str, params: dict[str, Any] | None = None) -> pd.DataFrame:
     return connection.execute(sql, params or {}).df()
+
+
+def _frame_with(connection: Connection, tables: dict[str, pd.DataFrame], sql: str, params: dict[str, Any] | None = None) -> pd.DataFrame:
+    """Run ``sql`` with small frames registered as tables for the duration of the query."""
+    for name, frame in tables.items():
+        connection.register(name, frame)
+    try:
+        return _frame(connection, sql, params)
+    finally:
+        for name in tables:
+            connection.unregister(name)
 
 
 def _bucket(time_column: str, bucket_s: int) -> str:
@@ -55,17 +65,23 @@ def load_sink_totals(connection: Connection, data_dir: Path, now_ms: int) -> pd.
 
     ``rows_last_minute`` counts rows committed in the 60 s up to ``now_ms``;
     ``rows_per_second`` is that count ÷ 60. ``oldest_ms`` / ``newest_ms`` are the commit
-    times of the sink's oldest and newest rows.
+    times of the sink's oldest and newest rows. Totals come from the catalog; only the files
+    of the last minute are read.
     """
-    parts = [
-        f"""SELECT '{sink}' AS sink, count(*) AS "rows",
-               count(*) FILTER (WHERE epoch_ms({column}) > $now_ms - {RATE_WINDOW_S * 1000}
-                                  AND epoch_ms({column}) <= $now_ms) AS rows_last_minute,
-               min(epoch_ms({column})) AS oldest_ms, max(epoch_ms({column})) AS newest_ms
-            FROM {sink_relation(data_dir, sink)}"""
-        for sink, column in SINK_TIME.items()
-    ]
-    frame = _frame(connection, " UNION ALL ".join(parts), {"now_ms": int(now_ms)})
+    totals = []
+    for sink, column in SINK_TIME.items():
+        files = catalog_for(data_dir).files(sink)
+        recent = sink_relation(data_dir, sink, newer_than_ms=int(now_ms) - RATE_WINDOW_S * 1000)
+        (last_minute,) = connection.execute(
+            f"SELECT count(*) FROM {recent} WHERE epoch_ms({column}) > $now_ms - {RATE_WINDOW_S * 1000} "
+            f"AND epoch_ms({column}) <= $now_ms", {"now_ms": int(now_ms)}).fetchone()
+        times = [entry for entry in files if entry.rows]
+        totals.append({
+            "sink": sink, "rows": sum(entry.rows for entry in files), "rows_last_minute": int(last_minute),
+            "oldest_ms": min((entry.min_ms for entry in times), default=None),
+            "newest_ms": max((entry.max_ms for entry in times), default=None),
+        })
+    frame = pd.DataFrame(totals).astype({"oldest_ms": "Int64", "newest_ms": "Int64"})
     frame["rows_per_second"] = frame["rows_last_minute"] / RATE_WINDOW_S
     return frame
 
@@ -74,7 +90,7 @@ def load_throughput(connection: Connection, data_dir: Path, window_end_ms: int, 
     """Rows committed per sink and time bucket in the window: ``bucket_start, sink, rows, rows_per_second``."""
     parts = [
         f"""SELECT {_bucket(column, bucket_s)} AS bucket_start, '{sink}' AS sink, count(*) AS "rows"
-            FROM {sink_relation(data_dir, sink)}
+            FROM {sink_relation(data_dir, sink, newer_than_ms=window_end_ms - window_s * 1000)}
             WHERE epoch_ms({column}) > $end_ms - $window_ms AND epoch_ms({column}) <= $end_ms
             GROUP BY 1"""
         for sink, column in SINK_TIME.items()
@@ -93,7 +109,7 @@ def load_latency_over_time(connection: Connection, data_dir: Path, window_end_ms
     sql = f"""
         SELECT {_bucket('enriched_at', bucket_s)} AS bucket_start, count(*) AS orders,
                quantile_cont({LATENCY_MS}, 0.5) AS p50_ms, quantile_cont({LATENCY_MS}, 0.99) AS p99_ms
-        FROM {sink_relation(data_dir, 'enriched')}
+        FROM {sink_relation(data_dir, 'enriched', newer_than_ms=window_end_ms - window_s * 1000)}
         WHERE epoch_ms(enriched_at) > $end_ms - $window_ms AND epoch_ms(enriched_at) <= $end_ms
         GROUP BY 1 ORDER BY 1"""
     return _frame(connection, sql, {"end_ms": int(window_end_ms), "window_ms": int(window_s) * 1000})
@@ -104,7 +120,7 @@ def load_latency_summary(connection: Connection, data_dir: Path, window_end_ms: 
     sql = f"""
         SELECT count(*) AS orders, quantile_cont({LATENCY_MS}, 0.5) AS p50_ms,
                quantile_cont({LATENCY_MS}, 0.99) AS p99_ms, max({LATENCY_MS}) AS max_ms
-        FROM {sink_relation(data_dir, 'enriched')}
+        FROM {sink_relation(data_dir, 'enriched', newer_than_ms=window_end_ms - window_s * 1000)}
         WHERE epoch_ms(enriched_at) > $end_ms - $window_ms AND epoch_ms(enriched_at) <= $end_ms"""
     return _frame(connection, sql, {"end_ms": int(window_end_ms), "window_ms": int(window_s) * 1000})
 
@@ -116,7 +132,7 @@ def load_newest_enriched(connection: Connection, data_dir: Path, limit: int = 20
                user_id, user_first_name || ' ' || user_last_name AS user_name, user_email,
                item_id, item_name, item_category, price, waited_ms,
                {LATENCY_MS} AS latency_ms, batch_id, source_message_id
-        FROM {sink_relation(data_dir, 'enriched')}
+        FROM {sink_relation(data_dir, 'enriched', newest_rows=limit)}
         ORDER BY enriched_at DESC, invoice_id DESC, line_item_id DESC
         LIMIT $limit"""
     return _frame(connection, sql, {"limit": int(limit)})
@@ -140,37 +156,38 @@ def load_missing_orders(
     appeared in state; NULL if it has not appeared yet. ``redrive_enriched_at`` and
     ``redrive_missing_at`` say what became of a re-drive of this order, if any.
     """
-    enriched = sink_relation(data_dir, "enriched")
-    missing = sink_relation(data_dir, "missing_state")
+    searching = invoice_id is not None or user_id is not None or item_id is not None
+    picked = _frame(connection, f"""
+        SELECT epoch_ms(detected_at) AS detected_ms, *
+        FROM {sink_relation(data_dir, 'missing_state', newest_rows=None if searching else limit)}
+        WHERE ($invoice_id IS NULL OR invoice_id = $invoice_id)
+          AND ($user_id IS NULL OR user_id = $user_id)
+          AND ($item_id IS NULL OR item_id = $item_id)
+        ORDER BY detected_at DESC, invoice_id DESC, line_item_id DESC LIMIT $limit""",
+        {"invoice_id": invoice_id, "user_id": user_id, "item_id": item_id, "limit": int(limit)})
+    picked.insert(0, "row_key", range(len(picked)))
+    # Everything that can answer "what happened since" was committed after the oldest pick,
+    # and one pass over those enriched files finds it all.
+    since_ms = int(picked["detected_ms"].min()) - 1 if not picked.empty else None
     sql = f"""
-        WITH picked AS (
-            SELECT row_number() OVER (ORDER BY detected_at DESC, invoice_id DESC, line_item_id DESC) AS row_key, *
-            FROM {missing}
-            WHERE ($invoice_id IS NULL OR invoice_id = $invoice_id)
-              AND ($user_id IS NULL OR user_id = $user_id)
-              AND ($item_id IS NULL OR item_id = $item_id)
-            ORDER BY row_key LIMIT $limit
+        WITH hits AS (
+            SELECT user_id, item_id, enriched_at, redrive_of
+            FROM {sink_relation(data_dir, "enriched", newer_than_ms=since_ms)}
+            WHERE user_id IN (SELECT user_id FROM picked) OR item_id IN (SELECT item_id FROM picked)
+               OR redrive_of IN (SELECT source_message_id FROM picked)
         ),
         later_users AS (
-            SELECT p.row_key, min(e.enriched_at) AS seen_at
-            FROM picked p JOIN (SELECT user_id, enriched_at FROM {enriched}
-                                WHERE user_id IN (SELECT user_id FROM picked)) e
-              ON e.user_id = p.user_id AND e.enriched_at > p.detected_at
-            GROUP BY 1
+            SELECT p.row_key, min(h.enriched_at) AS seen_at FROM picked p
+            JOIN hits h ON h.user_id = p.user_id AND h.enriched_at > p.detected_at GROUP BY 1
         ),
         later_items AS (
-            SELECT p.row_key, min(e.enriched_at) AS seen_at
-            FROM picked p JOIN (SELECT item_id, enriched_at FROM {enriched}
-                                WHERE item_id IN (SELECT item_id FROM picked)) e
-              ON e.item_id = p.item_id AND e.enriched_at > p.detected_at
-            GROUP BY 1
+            SELECT p.row_key, min(h.enriched_at) AS seen_at FROM picked p
+            JOIN hits h ON h.item_id = p.item_id AND h.enriched_at > p.detected_at GROUP BY 1
         ),
-        redrive_enriched AS (
-            SELECT redrive_of, min(enriched_at) AS at FROM {enriched}
-            WHERE redrive_of IN (SELECT source_message_id FROM picked) GROUP BY 1
-        ),
+        redrive_enriched AS (SELECT redrive_of, min(enriched_at) AS at FROM hits WHERE redrive_of IS NOT NULL GROUP BY 1),
         redrive_missing AS (
-            SELECT redrive_of, max(detected_at) AS at FROM {missing}
+            SELECT redrive_of, max(detected_at) AS at
+            FROM {sink_relation(data_dir, "missing_state", newer_than_ms=since_ms)}
             WHERE redrive_of IN (SELECT source_message_id FROM picked) GROUP BY 1
         )
         SELECT CAST(p.detected_at AS TIMESTAMP) AS detected_at, p.invoice_id, p.line_item_id,
@@ -184,8 +201,7 @@ def load_missing_orders(
         LEFT JOIN redrive_enriched re ON re.redrive_of = p.source_message_id
         LEFT JOIN redrive_missing rm ON rm.redrive_of = p.source_message_id
         ORDER BY p.row_key"""
-    params = {"invoice_id": invoice_id, "user_id": user_id, "item_id": item_id, "limit": int(limit)}
-    return _frame(connection, sql, params)
+    return _frame_with(connection, {"picked": picked}, sql)
 
 
 def load_missing_totals(connection: Connection, data_dir: Path) -> pd.DataFrame:
@@ -199,56 +215,74 @@ def load_missing_by_reason(connection: Connection, data_dir: Path, window_end_ms
     """Missing-state orders per reason and time bucket: ``bucket_start, reason, orders``."""
     sql = f"""
         SELECT {_bucket('detected_at', bucket_s)} AS bucket_start, reason, count(*) AS orders
-        FROM {sink_relation(data_dir, 'missing_state')}
+        FROM {sink_relation(data_dir, 'missing_state', newer_than_ms=window_end_ms - window_s * 1000)}
         WHERE epoch_ms(detected_at) > $end_ms - $window_ms AND epoch_ms(detected_at) <= $end_ms
         GROUP BY 1, 2 ORDER BY 1, 2"""
     return _frame(connection, sql, {"end_ms": int(window_end_ms), "window_ms": int(window_s) * 1000})
 
 
-def load_top_missing_keys(connection: Connection, data_dir: Path, key: str, limit: int = 10) -> pd.DataFrame:
-    """The users or items (``key``) most often missing: ``key_id, missing_orders, last_detected_at, seen_since_at``.
+def load_top_missing_keys(connection: Connection, data_dir: Path, limit: int = 10) -> pd.DataFrame:
+    """The users and items most often missing, ``limit`` of each, in one pass over the sink.
 
-    ``seen_since_at`` is the earliest enriched order for that key after its last miss.
+    Columns ``key`` ("user" / "item"), ``key_id, missing_orders, last_detected_at,
+    seen_since_at``; ``seen_since_at`` is the earliest enriched order for that key after its
+    last miss. An order missing both counts for its user and its item.
     """
-    column, reasons = MISSING_KEYS[key]
-    reason_list = ", ".join(f"'{reason}'" for reason in reasons)
+    per_key = " UNION ALL ".join(
+        f"""(SELECT '{key}' AS key, {column} AS key_id, count(*) AS missing_orders,
+                    max(detected_at) AS last_detected_at, max(epoch_ms(detected_at)) AS last_detected_ms
+             FROM missing WHERE reason IN ({", ".join(f"'{reason}'" for reason in reasons)})
+             GROUP BY 2 ORDER BY missing_orders DESC, key_id LIMIT $limit)"""
+        for key, (column, reasons) in MISSING_KEYS.items()
+    )
+    top = _frame(connection, f"""
+        WITH missing AS MATERIALIZED (
+            SELECT user_id, item_id, reason, detected_at FROM {sink_relation(data_dir, 'missing_state')})
+        {per_key}""", {"limit": int(limit)})
+    since_ms = int(top["last_detected_ms"].min()) - 1 if not top.empty else None
     sql = f"""
-        WITH top AS (
-            SELECT {column} AS key_id, count(*) AS missing_orders, max(detected_at) AS last_detected_at
-            FROM {sink_relation(data_dir, 'missing_state')}
-            WHERE reason IN ({reason_list})
-            GROUP BY 1 ORDER BY missing_orders DESC, key_id LIMIT $limit
+        WITH hits AS (
+            SELECT user_id, item_id, enriched_at
+            FROM {sink_relation(data_dir, 'enriched', newer_than_ms=since_ms)}
+            WHERE user_id IN (SELECT key_id FROM top WHERE key = 'user')
+               OR item_id IN (SELECT key_id FROM top WHERE key = 'item')
         ),
         seen AS (
-            SELECT t.key_id, min(e.enriched_at) AS seen_since_at
-            FROM top t JOIN (SELECT {column}, enriched_at FROM {sink_relation(data_dir, 'enriched')}
-                             WHERE {column} IN (SELECT key_id FROM top)) e
-              ON e.{column} = t.key_id AND e.enriched_at > t.last_detected_at
-            GROUP BY 1
+            SELECT t.key, t.key_id, min(h.enriched_at) AS seen_since_at
+            FROM top t JOIN hits h
+              ON (CASE t.key WHEN 'user' THEN h.user_id ELSE h.item_id END) = t.key_id
+             AND h.enriched_at > t.last_detected_at
+            GROUP BY 1, 2
         )
-        SELECT t.key_id, t.missing_orders, CAST(t.last_detected_at AS TIMESTAMP) AS last_detected_at,
+        SELECT t.key, t.key_id, t.missing_orders, CAST(t.last_detected_at AS TIMESTAMP) AS last_detected_at,
                CAST(s.seen_since_at AS TIMESTAMP) AS seen_since_at
-        FROM top t LEFT JOIN seen s USING (key_id)
-        ORDER BY t.missing_orders DESC, t.key_id"""
-    return _frame(connection, sql, {"limit": int(limit)})
+        FROM top t LEFT JOIN seen s USING (key, key_id)
+        ORDER BY t.key DESC, t.missing_orders DESC, t.key_id"""
+    return _frame_with(connection, {"top": top}, sql)
 
 
 # ------------------------------------------------------------------------------ skew
 
 
-def load_key_load(connection: Connection, data_dir: Path, key: str, limit: int = 10, top_fraction: float = 0.01) -> pd.DataFrame:
-    """Orders per user or item id (enriched and missing), hottest first, with the key spread.
+def load_key_load(connection: Connection, data_dir: Path, key: str, window_end_ms: int, window_s: int,
+                  limit: int = 10, top_fraction: float = 0.01) -> pd.DataFrame:
+    """Orders per user or item id (enriched and missing) committed in the window, hottest first.
 
     Returns the ``limit`` hottest keys as ``key_id, orders, share``; every row also carries
     ``total_keys, total_orders`` and ``top_keys, top_orders, top_share``: how many keys make
     the top ``top_fraction`` (at least one) and the share of all orders they hold.
     """
     column = ORDER_KEYS[key]
+    since_ms = int(window_end_ms) - int(window_s) * 1000
+    in_window = "epoch_ms({time}) > $since_ms AND epoch_ms({time}) <= $end_ms"
     sql = f"""
         WITH counts AS (
             SELECT key_id, count(*) AS orders FROM (
-                SELECT {column} AS key_id FROM {sink_relation(data_dir, 'enriched')}
-                UNION ALL SELECT {column} FROM {sink_relation(data_dir, 'missing_state')}
+                SELECT {column} AS key_id FROM {sink_relation(data_dir, 'enriched', newer_than_ms=since_ms)}
+                WHERE {in_window.format(time='enriched_at')}
+                UNION ALL
+                SELECT {column} FROM {sink_relation(data_dir, 'missing_state', newer_than_ms=since_ms)}
+                WHERE {in_window.format(time='detected_at')}
             ) GROUP BY 1
         ),
         ranked AS (
@@ -266,7 +300,8 @@ def load_key_load(connection: Connection, data_dir: Path, key: str, limit: int =
                top_keys, top_orders, top_orders / total_orders AS top_share
         FROM ranked, spread, top_total
         WHERE rank <= $limit ORDER BY rank"""
-    return _frame(connection, sql, {"limit": int(limit), "fraction": float(top_fraction)})
+    return _frame(connection, sql, {"limit": int(limit), "fraction": float(top_fraction),
+                                    "since_ms": since_ms, "end_ms": int(window_end_ms)})
 
 
 def load_recent_tasks(connection: Connection, data_dir: Path, batches: int = 20) -> pd.DataFrame:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import duckdb
 
+from app.catalog import catalog_for
 from pipeline import store
 
 # Column types of the on-disk contract. Only the empty relations use them: a reader over
@@ -103,20 +104,29 @@ def empty_relation(columns: dict[str, str]) -> str:
     return f"(SELECT {selected} WHERE false)"
 
 
-def has_sink_files(data_dir: Path, sink: str) -> bool:
-    """Whether the sink has at least one committed Parquet file (stops at the first one)."""
-    folder = store.sink_dir(data_dir, sink)
-    return folder.is_dir() and next(folder.rglob("*.parquet"), None) is not None
+def sink_relation(data_dir: Path, sink: str, newer_than_ms: int | None = None, newest_rows: int | None = None) -> str:
+    """FROM-clause text for a sink's committed rows, or no rows if it has no files yet.
 
-
-def sink_relation(data_dir: Path, sink: str) -> str:
-    """FROM-clause text for a sink: its committed rows, or no rows if it has no files yet.
-
+    ``newer_than_ms`` reads only the files holding a row committed after that time, and
+    ``newest_rows`` only the newest files that hold at least that many rows; the query still
+    filters rows itself, these only skip files that cannot match (see :mod:`app.catalog`).
     The ``batch=…`` folders are not read as Hive partitions: ``batch_id`` is already a column.
     """
-    if not has_sink_files(data_dir, sink):
+    files = catalog_for(data_dir).files(sink)
+    if newer_than_ms is not None:
+        files = [entry for entry in files if entry.max_ms is None or entry.max_ms > newer_than_ms]
+    if newest_rows is not None:
+        newest_first, rows = [], 0
+        for entry in sorted(files, key=lambda entry: entry.max_ms or 0, reverse=True):
+            if rows >= newest_rows:
+                break
+            newest_first.append(entry)
+            rows += entry.rows
+        files = newest_first
+    if not files:
         return empty_relation(SINK_COLUMNS[sink])
-    return f"read_parquet({sql_text(store.sink_glob(data_dir, sink))}, hive_partitioning = false)"
+    file_list = "[" + ", ".join(sql_text(entry.path) for entry in files) + "]"
+    return f"read_parquet({file_list}, hive_partitioning = false)"
 
 
 def metrics_files(data_dir: Path, stream: str, newest: int | None = None) -> list[Path]:

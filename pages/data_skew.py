@@ -1,11 +1,13 @@
 """Data skew: which keys get the most orders, how evenly the stateful stages' tasks share the work,
 and how rows spread over the source partitions."""
 
+import pandas as pd
 import streamlit as st
 
 from app import charts, console_math, queries, views
 from app.resources import REFRESH_SECONDS, fetch
 
+KEY_WINDOW_S = 5 * 60
 TASK_BATCHES = 30
 PARTITION_BATCHES = 100
 HOT_KEYS = 10
@@ -25,11 +27,15 @@ views.render_page_header(
 def render_key_load() -> bool:
     """Hot users and items; False when there are no orders yet."""
     st.subheader("Orders per key")
-    loads = {key: fetch(queries.load_key_load, data_dir=data_dir, key=key, limit=HOT_KEYS, top_fraction=TOP_FRACTION)
-             for key in ("user", "item")}
-    if loads["user"].empty:
+    totals = fetch(queries.load_sink_totals, data_dir=data_dir, now_ms=0).set_index("sink")
+    newest_ms = totals.loc[["enriched", "missing_state"], "newest_ms"].max()
+    if pd.isna(newest_ms):
         views.render_empty_state(f"No orders yet, so no keys to rank — {views.START_HINT}.")
         return False
+    loads = {key: fetch(queries.load_key_load, data_dir=data_dir, key=key, window_end_ms=int(newest_ms),
+                        window_s=KEY_WINDOW_S, limit=HOT_KEYS, top_fraction=TOP_FRACTION)
+             for key in ("user", "item")}
+    st.caption(f"Orders committed in the {KEY_WINDOW_S // 60} minutes up to the newest one, enriched or missing.")
     for column, (key, load) in zip(st.columns(2), loads.items()):
         spread = load.iloc[0]
         column.metric(

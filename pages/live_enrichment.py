@@ -5,8 +5,7 @@ import streamlit as st
 from app import charts, console_math, queries, views
 from app.resources import REFRESH_SECONDS, fetch, refresh_tick_ms
 
-WINDOW_S = 15 * 60
-LATENCY_CARD_WINDOW_S = 5 * 60
+WINDOW_S = 5 * 60
 
 settings = views.load_page_settings()
 data_dir = settings.data_dir
@@ -27,9 +26,10 @@ def render_live() -> None:
     window_end_ms = int(totals["newest_ms"].max())
     window_s, bucket_s = console_math.choose_window(int(totals["oldest_ms"].min()), window_end_ms, WINDOW_S)
     latency = fetch(queries.load_latency_summary, data_dir=data_dir, window_end_ms=window_end_ms,
-                    window_s=LATENCY_CARD_WINDOW_S).iloc[0]
+                    window_s=window_s).iloc[0]
     rate_help = "Rows committed in the last 60 s ÷ 60."
-    latency_help = "Published to the orders topic → enriched row committed, over the 5 minutes up to the newest row."
+    latency_help = (f"Published to the orders topic → enriched row committed, over the "
+                    f"{console_math.format_age(window_s * 1000)} up to the newest row.")
     views.render_metric_cards([
         views.MetricCard("Enriched orders", views.format_count(totals.at["enriched", "rows"]),
                          views.format_rate(totals.at["enriched", "rows_per_second"]), rate_help),

@@ -1,6 +1,7 @@
 """Missing state: find an order that was not enriched, see why and whether its user or item has
 appeared since, and re-drive it against today's state."""
 
+import pandas as pd
 import streamlit as st
 
 from app import charts, console_math, queries, views
@@ -40,14 +41,14 @@ def render_overview() -> None:
     by_reason = fetch(queries.load_missing_by_reason, data_dir=data_dir, window_end_ms=newest_ms,
                       window_s=window_s, bucket_s=bucket_s)
     st.plotly_chart(charts.build_reason_chart(by_reason), key="by_reason")
+    top = fetch(queries.load_top_missing_keys, data_dir=data_dir, limit=10)
     for column, key in zip(st.columns(2), ("user", "item")):
         with column:
-            render_top_missing(key)
+            render_top_missing(key, top[top["key"] == key].drop(columns=["key"]))
 
 
-def render_top_missing(key: str) -> None:
+def render_top_missing(key: str, top: pd.DataFrame) -> None:
     st.markdown(f"**Top missing {key}s**")
-    top = fetch(queries.load_top_missing_keys, data_dir=data_dir, key=key, limit=10)
     views.render_table(top, column_config={
         "key_id": st.column_config.NumberColumn(f"{key} id", format="%d"),
         "missing_orders": st.column_config.NumberColumn("missing"),

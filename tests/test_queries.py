@@ -40,8 +40,8 @@ EMPTY_CALLS = {
     "load_missing_orders": {"user_id": 1},
     "load_missing_totals": {},
     "load_missing_by_reason": {"window_end_ms": 10_000, "window_s": 60, "bucket_s": 1},
-    "load_top_missing_keys": {"key": "item"},
-    "load_key_load": {"key": "user"},
+    "load_top_missing_keys": {},
+    "load_key_load": {"key": "user", "window_end_ms": 10_000, "window_s": 60},
     "load_recent_tasks": {},
     "load_partition_rows": {},
     "load_batches": {},
@@ -61,7 +61,10 @@ def test_every_query_reads_an_untouched_data_dir_as_empty(connection, empty_data
     frame = getattr(queries, name)(connection, empty_data_dir, **EMPTY_CALLS[name])
     assert isinstance(frame, pd.DataFrame)
     numbers = frame.select_dtypes("number").fillna(0)
-    if name in ("load_sink_totals", "load_latency_summary", "load_progress_totals"):
+    if name in ("load_latency_summary", "load_progress_totals"):
+        assert numbers.to_numpy().sum() == 0  # one summary row of zeros
+    elif name == "load_sink_totals":
+        assert frame["sink"].tolist() == ["enriched", "missing_state", "dead_letter"]
         assert numbers.to_numpy().sum() == 0  # one summary row of zeros
     else:
         assert frame.empty
@@ -175,20 +178,32 @@ def test_missing_totals_reasons_over_time_and_top_keys(connection, fixture_data)
     end = int(_ms(missing["detected_at"]).max())
     by_reason = queries.load_missing_by_reason(connection, data_dir, end, window_s=3600, bucket_s=60)
     assert by_reason.groupby("reason")["orders"].sum().to_dict() == totals.to_dict()
-    top = queries.load_top_missing_keys(connection, data_dir, key="user", limit=3)
-    user_missing = missing[missing["reason"].isin(["user", "user_and_item"])]["user_id"].value_counts()
-    assert top["missing_orders"].tolist() == sorted(user_missing.values, reverse=True)[:3]
-    assert user_missing[top["key_id"].iloc[0]] == top["missing_orders"].iloc[0]
+    top = queries.load_top_missing_keys(connection, data_dir, limit=3)
+    enriched = read_sink(data_dir, "enriched")
+    for key, reasons in (("user", ["user", "user_and_item"]), ("item", ["item", "user_and_item"])):
+        rows = top[top["key"] == key]
+        counts = missing[missing["reason"].isin(reasons)].groupby(f"{key}_id")["detected_at"].agg(["count", "max"])
+        assert rows["missing_orders"].tolist() == sorted(counts["count"], reverse=True)[:3]
+        for row in rows.itertuples():
+            assert counts.at[row.key_id, "count"] == row.missing_orders
+            later = enriched[(enriched[f"{key}_id"] == row.key_id) & (enriched["enriched_at"] > counts.at[row.key_id, "max"])]
+            expected = later["enriched_at"].min() if len(later) else None
+            assert (pd.isna(row.seen_since_at) if expected is None else pd.Timestamp(row.seen_since_at, tz="UTC") == expected)
 
 
 # ------------------------------------------------------------------------------ skew
 
 def test_key_load_and_the_share_of_the_top_one_percent(connection, fixture_data):
     data_dir = fixture_data.data_dir
-    users = pd.concat([read_sink(data_dir, "enriched")["user_id"], read_sink(data_dir, "missing_state")["user_id"]])
+    enriched, missing = read_sink(data_dir, "enriched"), read_sink(data_dir, "missing_state")
+    end = int(_ms(enriched["enriched_at"]).max())
+    start = end - 20_000  # the newest 20 s of the fixture
+    in_window = lambda frame, column: frame[(_ms(frame[column]) > start) & (_ms(frame[column]) <= end)]  # noqa: E731
+    users = pd.concat([in_window(enriched, "enriched_at")["user_id"], in_window(missing, "detected_at")["user_id"]])
     counts = users.value_counts()
     top_keys = max(1, math.ceil(len(counts) * 0.01))
-    load = queries.load_key_load(connection, data_dir, key="user", limit=5)
+    assert 0 < len(users) < len(enriched) + len(missing)
+    load = queries.load_key_load(connection, data_dir, key="user", window_end_ms=end, window_s=20, limit=5)
     assert load["orders"].tolist() == counts.sort_values(ascending=False).head(5).tolist()
     first = load.iloc[0]
     assert (first["total_keys"], first["total_orders"], first["top_keys"]) == (len(counts), len(users), top_keys)
