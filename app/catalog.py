@@ -27,17 +27,21 @@ from pipeline import store
 REFRESH_MIN_S = 1.0
 # The column each sink is timed by: when the job committed the row.
 SINK_TIME = {"enriched": "enriched_at", "missing_state": "detected_at", "dead_letter": "detected_at"}
+# A column whose row counts per value the catalog keeps too (why orders went missing).
+SINK_GROUP = {"missing_state": "reason"}
 
 
 @dataclass(frozen=True)
 class SinkFile:
-    """One committed file: its path, batch, rows and the commit times of its oldest and newest row."""
+    """One committed file: its path, batch, rows, the commit times of its oldest and newest row,
+    and its rows per value of the sink's group column (``SINK_GROUP``), if it has one."""
 
     path: str
     batch_id: int
     rows: int
     min_ms: int | None
     max_ms: int | None
+    rows_by_group: tuple[tuple[str, int], ...] = ()
 
 
 class SinkCatalog:
@@ -71,22 +75,24 @@ class SinkCatalog:
         if self._connection is None:
             self._connection = duckdb.connect(":memory:")
         by_path = {identity[0]: (identity, batch_id) for identity, batch_id in new.items()}
-        column = SINK_TIME[sink]
+        column, group = SINK_TIME[sink], SINK_GROUP.get(sink, "NULL")
         rows = self._connection.execute(
-            f"SELECT filename, count(*), min(epoch_ms({column})), max(epoch_ms({column})) "
-            "FROM read_parquet($files, filename = true, hive_partitioning = false) GROUP BY filename",
+            f"SELECT filename, {group}, count(*), min(epoch_ms({column})), max(epoch_ms({column})) "
+            "FROM read_parquet($files, filename = true, hive_partitioning = false) GROUP BY ALL",
             {"files": list(by_path)},
         ).fetchall()
-        stats = {}
-        counted = set()
-        for path, count, min_ms, max_ms in rows:
-            identity, batch_id = by_path[path]
-            stats[identity] = SinkFile(path, batch_id, int(count), min_ms, max_ms)
-            counted.add(path)
-        for path in set(by_path) - counted:  # a file with no rows
-            identity, batch_id = by_path[path]
-            stats[identity] = SinkFile(path, batch_id, 0, None, None)
-        return stats
+        per_file: dict[str, list] = {path: [0, None, None, []] for path in by_path}
+        for path, value, count, min_ms, max_ms in rows:
+            entry = per_file[path]
+            entry[0] += count
+            entry[1] = min_ms if entry[1] is None else min(entry[1], min_ms)
+            entry[2] = max_ms if entry[2] is None else max(entry[2], max_ms)
+            if value is not None:
+                entry[3].append((value, int(count)))
+        return {
+            by_path[path][0]: SinkFile(path, by_path[path][1], int(count), min_ms, max_ms, tuple(sorted(groups)))
+            for path, (count, min_ms, max_ms, groups) in per_file.items()  # a file with no rows keeps zeros
+        }
 
 
 def _list_files(sink_dir: Path) -> dict[tuple[str, int, int], int]:

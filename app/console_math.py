@@ -108,9 +108,9 @@ def compute_backlog(end_position: int | None, latest_position: int | None, repor
     The job's own figure wins when it reported one; otherwise it is the latest position on
     the broker minus the position the job has read to. Unknown when neither is available.
     """
-    if reported_backlog is not None and not _is_nan(reported_backlog):
+    if not _is_missing(reported_backlog):
         return max(0, int(reported_backlog))
-    if end_position is None or latest_position is None or _is_nan(end_position) or _is_nan(latest_position):
+    if _is_missing(end_position) or _is_missing(latest_position):
         return None
     return max(0, int(latest_position) - int(end_position))
 
@@ -121,7 +121,7 @@ def compute_backlog_growth(ts_ms: Sequence[float], backlog: Sequence[float]) -> 
     Positive means the job falls behind, negative that it catches up. Needs two points at
     different times; unknown backlogs are skipped.
     """
-    points = [(float(t) / 1000.0, float(b)) for t, b in zip(ts_ms, backlog) if b is not None and not _is_nan(b)]
+    points = [(float(t) / 1000.0, float(b)) for t, b in zip(ts_ms, backlog) if not _is_missing(b)]
     if len(points) < 2:
         return None
     mean_t = sum(t for t, _ in points) / len(points)
@@ -132,8 +132,9 @@ def compute_backlog_growth(ts_ms: Sequence[float], backlog: Sequence[float]) -> 
     return sum((t - mean_t) * (b - mean_b) for t, b in points) / spread
 
 
-def _is_nan(value: Any) -> bool:
-    return isinstance(value, float) and math.isnan(value)
+def _is_missing(value: Any) -> bool:
+    """None, NaN or pandas' NA: the ways a frame says "unknown"."""
+    return value is None or bool(pd.isna(value))
 
 
 # ------------------------------------------------------------------------- job status

@@ -174,7 +174,7 @@ def load_missing_orders(
             SELECT user_id, item_id, enriched_at, redrive_of
             FROM {sink_relation(data_dir, "enriched", newer_than_ms=since_ms)}
             WHERE user_id IN (SELECT user_id FROM picked) OR item_id IN (SELECT item_id FROM picked)
-               OR redrive_of IN (SELECT source_message_id FROM picked)
+               OR (redrive_of IS NOT NULL AND redrive_of IN (SELECT source_message_id FROM picked))
         ),
         later_users AS (
             SELECT p.row_key, min(h.enriched_at) AS seen_at FROM picked p
@@ -205,10 +205,13 @@ def load_missing_orders(
 
 
 def load_missing_totals(connection: Connection, data_dir: Path) -> pd.DataFrame:
-    """Missing-state orders per reason over the whole sink: ``reason, orders``."""
-    sql = f"""SELECT reason, count(*) AS orders FROM {sink_relation(data_dir, 'missing_state')}
-              GROUP BY 1 ORDER BY orders DESC, reason"""
-    return _frame(connection, sql)
+    """Missing-state orders per reason over the whole sink: ``reason, orders`` (from the catalog)."""
+    totals: dict[str, int] = {}
+    for entry in catalog_for(data_dir).files("missing_state"):
+        for reason, rows in entry.rows_by_group:
+            totals[reason] = totals.get(reason, 0) + rows
+    frame = pd.DataFrame(sorted(totals.items(), key=lambda item: (-item[1], item[0])), columns=["reason", "orders"])
+    return frame.astype({"orders": "int64"})
 
 
 def load_missing_by_reason(connection: Connection, data_dir: Path, window_end_ms: int, window_s: int, bucket_s: int) -> pd.DataFrame:
@@ -264,42 +267,41 @@ def load_top_missing_keys(connection: Connection, data_dir: Path, limit: int = 1
 # ------------------------------------------------------------------------------ skew
 
 
-def load_key_load(connection: Connection, data_dir: Path, key: str, window_end_ms: int, window_s: int,
+def load_key_load(connection: Connection, data_dir: Path, window_end_ms: int, window_s: int,
                   limit: int = 10, top_fraction: float = 0.01) -> pd.DataFrame:
-    """Orders per user or item id (enriched and missing) committed in the window, hottest first.
+    """Orders per user id and per item id (enriched and missing) committed in the window.
 
-    Returns the ``limit`` hottest keys as ``key_id, orders, share``; every row also carries
-    ``total_keys, total_orders`` and ``top_keys, top_orders, top_share``: how many keys make
-    the top ``top_fraction`` (at least one) and the share of all orders they hold.
+    Returns the ``limit`` hottest users and items as ``key`` ("user" / "item"), ``key_id,
+    orders, share``, hottest first; every row also carries ``total_keys, total_orders`` and
+    ``top_keys, top_orders, top_share`` of its key: how many ids make the top
+    ``top_fraction`` (at least one) and the share of all orders they hold.
     """
-    column = ORDER_KEYS[key]
     since_ms = int(window_end_ms) - int(window_s) * 1000
     in_window = "epoch_ms({time}) > $since_ms AND epoch_ms({time}) <= $end_ms"
+
+    def ranked(key: str) -> str:
+        return f"""(
+            WITH counts AS (SELECT {ORDER_KEYS[key]} AS key_id, count(*) AS orders FROM orders GROUP BY 1),
+            ranked AS (
+                SELECT key_id, orders, row_number() OVER (ORDER BY orders DESC, key_id) AS rank,
+                       count(*) OVER () AS total_keys, CAST(sum(orders) OVER () AS BIGINT) AS total_orders
+                FROM counts
+            ),
+            spread AS (SELECT greatest(1, CAST(ceil(any_value(total_keys) * $fraction) AS BIGINT)) AS top_keys FROM ranked),
+            top_total AS (SELECT CAST(sum(orders) AS BIGINT) AS top_orders FROM ranked, spread WHERE rank <= top_keys)
+            SELECT '{key}' AS key, key_id, orders, orders / total_orders AS share, total_keys, total_orders,
+                   top_keys, top_orders, top_orders / total_orders AS top_share, rank
+            FROM ranked, spread, top_total WHERE rank <= $limit)"""
+
     sql = f"""
-        WITH counts AS (
-            SELECT key_id, count(*) AS orders FROM (
-                SELECT {column} AS key_id FROM {sink_relation(data_dir, 'enriched', newer_than_ms=since_ms)}
-                WHERE {in_window.format(time='enriched_at')}
-                UNION ALL
-                SELECT {column} FROM {sink_relation(data_dir, 'missing_state', newer_than_ms=since_ms)}
-                WHERE {in_window.format(time='detected_at')}
-            ) GROUP BY 1
-        ),
-        ranked AS (
-            SELECT key_id, orders, row_number() OVER (ORDER BY orders DESC, key_id) AS rank,
-                   count(*) OVER () AS total_keys, CAST(sum(orders) OVER () AS BIGINT) AS total_orders
-            FROM counts
-        ),
-        spread AS (
-            SELECT greatest(1, CAST(ceil(any_value(total_keys) * $fraction) AS BIGINT)) AS top_keys FROM ranked
-        ),
-        top_total AS (
-            SELECT CAST(sum(orders) AS BIGINT) AS top_orders FROM ranked, spread WHERE rank <= top_keys
+        WITH orders AS MATERIALIZED (
+            SELECT user_id, item_id FROM {sink_relation(data_dir, 'enriched', newer_than_ms=since_ms)}
+            WHERE {in_window.format(time='enriched_at')}
+            UNION ALL
+            SELECT user_id, item_id FROM {sink_relation(data_dir, 'missing_state', newer_than_ms=since_ms)}
+            WHERE {in_window.format(time='detected_at')}
         )
-        SELECT key_id, orders, orders / total_orders AS share, total_keys, total_orders,
-               top_keys, top_orders, top_orders / total_orders AS top_share
-        FROM ranked, spread, top_total
-        WHERE rank <= $limit ORDER BY rank"""
+        SELECT * EXCLUDE (rank) FROM ({ranked('user')} UNION ALL {ranked('item')}) ORDER BY key DESC, rank"""
     return _frame(connection, sql, {"limit": int(limit), "fraction": float(top_fraction),
                                     "since_ms": since_ms, "end_ms": int(window_end_ms)})
 

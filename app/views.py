@@ -108,8 +108,10 @@ def is_missing(value: Any) -> bool:
         return False
 
 
-def render_table(frame: pd.DataFrame, column_config: dict | None = None, height: int | str = "auto") -> None:
-    st.dataframe(frame, hide_index=True, column_config=column_config, height=height)
+def render_table(frame: pd.DataFrame, column_config: dict | None = None, height: int | str = "auto",
+                 placeholder: str | None = None) -> None:
+    """A table without its index; ``placeholder`` is shown in empty cells."""
+    st.dataframe(frame, hide_index=True, column_config=column_config, height=height, placeholder=placeholder)
 
 
 # ---------------------------------------------------------------------- job status

@@ -32,9 +32,9 @@ def render_key_load() -> bool:
     if pd.isna(newest_ms):
         views.render_empty_state(f"No orders yet, so no keys to rank — {views.START_HINT}.")
         return False
-    loads = {key: fetch(queries.load_key_load, data_dir=data_dir, key=key, window_end_ms=int(newest_ms),
-                        window_s=KEY_WINDOW_S, limit=HOT_KEYS, top_fraction=TOP_FRACTION)
-             for key in ("user", "item")}
+    load = fetch(queries.load_key_load, data_dir=data_dir, window_end_ms=int(newest_ms),
+                 window_s=KEY_WINDOW_S, limit=HOT_KEYS, top_fraction=TOP_FRACTION)
+    loads = {key: load[load["key"] == key] for key in ("user", "item")}
     st.caption(f"Orders committed in the {KEY_WINDOW_S // 60} minutes up to the newest one, enriched or missing.")
     for column, (key, load) in zip(st.columns(2), loads.items()):
         spread = load.iloc[0]

@@ -54,7 +54,7 @@ def render_top_missing(key: str, top: pd.DataFrame) -> None:
         "missing_orders": st.column_config.NumberColumn("missing"),
         "last_detected_at": st.column_config.DatetimeColumn("last missing (UTC)", format="HH:mm:ss"),
         "seen_since_at": st.column_config.DatetimeColumn("appeared since (UTC)", format="HH:mm:ss"),
-    })
+    }, placeholder="not yet")
 
 
 def read_search() -> dict[str, int] | None:

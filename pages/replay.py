@@ -73,7 +73,7 @@ def render_replays() -> None:
         "finished_at": st.column_config.DatetimeColumn("finished (UTC)", format="YYYY-MM-DD HH:mm:ss"),
         "messages": st.column_config.NumberColumn("messages re-applied"),
         "duration_ms": st.column_config.NumberColumn("took (ms)"),
-    })
+    }, placeholder="–")
 
 
 def render_running_replay(replay) -> None:

@@ -221,9 +221,12 @@ def write_data_dir(
             latest = positions[topic] + backlog
             if topic == "users" and batch >= replay_users_start:
                 latest = max(latest, users)  # the replay still has to re-read every user
+            if batch == 0:
+                latest = None  # the job's first batch does not know the broker's latest position yet
             topics.append({
                 "topic": topic, "generation": generations.get(topic, 0), "rows": rows, "end_position": positions[topic],
-                "latest_position": latest, "backlog": latest - positions[topic] if topic != "items" else None,
+                "latest_position": latest,
+                "backlog": None if latest is None or topic == "items" else latest - positions[topic],
                 "replaying": topic == "users" and batch >= replay_users_start
                              or topic == "items" and replay_items[0] <= batch < replay_items[1] - 1,
                 "partitions": _split(rows, partitions if topic == "orders" else 1, rng),

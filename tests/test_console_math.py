@@ -84,6 +84,7 @@ def test_classify_batches_adds_ratio_and_level_per_row():
     (100, None, None, None),
     (None, 130, None, None),
     (100, float("nan"), None, None),
+    (100, pd.NA, pd.NA, None),
 ])
 def test_backlog(end, latest, reported, expected):
     assert cm.compute_backlog(end, latest, reported) == expected
@@ -93,6 +94,7 @@ def test_backlog_growth_is_the_least_squares_slope_in_messages_per_second():
     assert cm.compute_backlog_growth([0, 1000, 2000, 3000], [10, 20, 30, 40]) == pytest.approx(10.0)
     assert cm.compute_backlog_growth([0, 1000, 2000], [50, 30, 10]) == pytest.approx(-20.0)
     assert cm.compute_backlog_growth([0, 1000, 2000], [5, None, 25]) == pytest.approx(10.0)
+    assert cm.compute_backlog_growth([0, 1000, 2000], [pd.NA, 5, 15]) == pytest.approx(10.0)  # an Int64 column
     assert cm.compute_backlog_growth([0], [5]) is None
     assert cm.compute_backlog_growth([1000, 1000], [5, 9]) is None
 
