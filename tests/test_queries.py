@@ -41,7 +41,7 @@ EMPTY_CALLS = {
     "load_missing_totals": {},
     "load_missing_by_reason": {"window_end_ms": 10_000, "window_s": 60, "bucket_s": 1},
     "load_top_missing_keys": {},
-    "load_key_load": {"key": "user", "window_end_ms": 10_000, "window_s": 60},
+    "load_key_load": {"window_end_ms": 10_000, "window_s": 60},
     "load_recent_tasks": {},
     "load_partition_rows": {},
     "load_batches": {},
@@ -203,7 +203,9 @@ def test_key_load_and_the_share_of_the_top_one_percent(connection, fixture_data)
     counts = users.value_counts()
     top_keys = max(1, math.ceil(len(counts) * 0.01))
     assert 0 < len(users) < len(enriched) + len(missing)
-    load = queries.load_key_load(connection, data_dir, key="user", window_end_ms=end, window_s=20, limit=5)
+    both = queries.load_key_load(connection, data_dir, window_end_ms=end, window_s=20, limit=5)
+    assert set(both["key"]) == {"user", "item"}
+    load = both[both["key"] == "user"]
     assert load["orders"].tolist() == counts.sort_values(ascending=False).head(5).tolist()
     first = load.iloc[0]
     assert (first["total_keys"], first["total_orders"], first["top_keys"]) == (len(counts), len(users), top_keys)
