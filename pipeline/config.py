@@ -97,6 +97,16 @@ def _spark_master(raw: Any) -> str:
     return value
 
 
+def _choice(*allowed: str) -> Callable[[Any], str]:
+    def parse(raw: Any) -> str:
+        value = str(raw).strip()
+        if value not in allowed:
+            raise ValueError("one of " + ", ".join(repr(a) for a in allowed))
+        return value
+
+    return parse
+
+
 def _port(raw: Any) -> int:
     value = _int_at_least(1)(raw)
     if value > 65535:
@@ -136,6 +146,7 @@ KEYS: tuple[Key, ...] = (
     Key("spark.shuffle_partitions", 0, _int_at_least(0), "Shuffle partitions; 0 sizes them to the cores"),
     Key("job.trigger_interval", "1s", _positive_duration, "Micro-batch trigger interval"),
     Key("job.max_rows_per_batch", 50_000, _int_at_least(1), "Most source rows in one micro-batch"),
+    Key("job.start_from", "earliest", _choice("earliest", "latest"), "Where a fresh checkpoint starts reading every topic"),
     Key("job.buckets", 64, _int_at_least(1), "Key buckets per lookup (groups of keys per state call)"),
     Key("job.restart.attempts", 5, _int_at_least(0), "Restarts from the last checkpoint before giving up"),
     Key("job.restart.delay", "10s", parse_duration, "Delay between restart attempts"),

@@ -56,6 +56,7 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
     topics = ",".join(f"{kind}={topic}" for kind, topic in settings.topics.items())
     source = (spark.readStream.format("pulsar").option("service_url", service_url).option("topics", topics)
               .option("maxRowsPerBatch", settings["job.max_rows_per_batch"])
+              .option("startingOffsets", settings["job.start_from"])
               .option("controlDir", str(store.replay_requests_dir(data_dir))).load())
     # {"kind": "orders", "topic": …, "partition": -1, "message_id": "0:5:-1:2", "position": 42, "key": "1001", "value": b"…"}
     envelopes = source.mapInArrow(parser(settings["job.buckets"]), ENVELOPE_SPARK_SCHEMA)

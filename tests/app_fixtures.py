@@ -238,8 +238,11 @@ def write_data_dir(
         state = [
             {"operator": stage, "rows_total": state_rows[stage], "rows_updated": int(rng.integers(0, 10)),
              "memory_bytes": state_rows[stage] * 350, "commit_ms": int(rng.integers(5, 40)),
-             "custom": {"rocksdbCommitWriteBatchLatencyMs": int(rng.integers(0, 5)),
-                        "rocksdbCommitCheckpointLatencyMs": int(rng.integers(1, 20)),
+             # Spark 4's names, some with and some without "Ms"; the changelog writer is not a commit phase.
+             "custom": {"rocksdbCommitFlushLatency": int(rng.integers(0, 5)),
+                        "rocksdbCommitCheckpointLatency": int(rng.integers(1, 20)),
+                        "rocksdbCommitFileSyncLatencyMs": int(rng.integers(5, 50)),
+                        "rocksdbChangeLogWriterCommitLatencyMs": int(rng.integers(5, 50)),
                         "rocksdbTotalBytesWrittenByFlush": int(rng.integers(0, 4096)),
                         "rocksdbSstFileSize": state_rows[stage] * 120}}
             for stage in STAGES

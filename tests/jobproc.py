@@ -6,8 +6,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 from pipeline.broker import _die_with_parent
+from pipeline.job import run_forever
 
 
 def cli_args(settings) -> list[str]:
@@ -54,3 +56,26 @@ class JobProcess:
             pass
         self.log.close()
         return self.proc.returncode
+
+
+class JobThread:
+    """The job in a background thread of the test process, stopped through its event."""
+
+    def __init__(self, settings):
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(settings,), daemon=True)
+        self.thread.start()
+
+    def _run(self, settings):
+        try:
+            run_forever(settings, stop=self.stop)
+        except BaseException as exc:  # surfaced by the test
+            self.error = exc
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(timeout=120)
+        assert not self.thread.is_alive(), "job did not stop"
+        if self.error:
+            raise self.error

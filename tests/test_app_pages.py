@@ -241,7 +241,7 @@ def test_data_skew_page_figures(open_page, fixture_data):
     for stage in ("user_lookup", "item_lookup"):
         records = [row["records"] for row in tasks if row["batch_id"] == latest and row["stage"] == stage]
         assert shown[f"Skew of {stage}"] == f"{console_math.compute_skew_percent(records):.0f} %"
-    assert len(app.get("plotly_chart")) == 6
+    assert len(app.get("plotly_chart")) == 8
 
 
 def test_backpressure_page_levels(open_page, fixture_data):

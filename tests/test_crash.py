@@ -5,21 +5,13 @@ from __future__ import annotations
 import random
 import time
 
-import duckdb
-
-from pipeline import store
 from pipeline.metrics import read_rows
 from factories import item, keyed, order, publish, user
 from jobproc import JobProcess
+from sinkread import invoices
 from waiting import wait_for
 
 ORDERS = 1500
-
-
-def sink_invoices(data_dir, sink: str) -> list[int]:
-    if not store.sink_dir(data_dir, sink).exists():
-        return []
-    return [r[0] for r in duckdb.sql(f"select invoice_id from read_parquet('{store.sink_glob(data_dir, sink)}')").fetchall()]
 
 
 def committed_batches(data_dir) -> int:
@@ -40,15 +32,15 @@ def test_kill_9_three_times_keeps_every_order_exactly_once(settings_factory, tmp
         time.sleep(rng.uniform(0.0, 2.0))  # the random moment of the crash, not a synchronisation
         job.kill9()
         # Right after a crash a glob reader sees no duplicate.
-        invoices = sink_invoices(data_dir, "enriched") + sink_invoices(data_dir, "missing_state")
+        invoices = invoices(data_dir, "enriched") + invoices(data_dir, "missing_state")
         assert len(invoices) == len(set(invoices)), f"duplicates visible after crash {crash + 1}"
     job = JobProcess(settings, tmp_path / "final.log")
     try:
-        wait_for(lambda: len(sink_invoices(data_dir, "enriched")) + len(sink_invoices(data_dir, "missing_state")) >= ORDERS,
+        wait_for(lambda: len(invoices(data_dir, "enriched")) + len(invoices(data_dir, "missing_state")) >= ORDERS,
                  timeout=300, what="every order after the crashes")
     finally:
         assert job.stop() == 0
-    enriched, missing = sink_invoices(data_dir, "enriched"), sink_invoices(data_dir, "missing_state")
+    enriched, missing = invoices(data_dir, "enriched"), invoices(data_dir, "missing_state")
     assert sorted(enriched + missing) == list(range(ORDERS))
     expected_missing = {n for n in range(ORDERS) if (n % 45) + 1 > 40 or (n % 9) + 1 > 8}
     assert set(missing) == expected_missing

@@ -8,59 +8,21 @@ state survives a restart without re-reading the changelogs.
 
 from __future__ import annotations
 
-import json
-import threading
-
-import duckdb
 import pytest
 
-from pipeline import store, wire
-from pipeline.job import run_forever
+from pipeline import wire
 from pipeline.metrics import read_rows
 from factories import item, keyed, order, publish, user
+from jobproc import JobThread
+from sinkread import count, rows
 from waiting import wait_for
 
 MAX_WAIT = "12s"
 
 
-def count(data_dir, sink: str) -> int:
-    if not store.sink_dir(data_dir, sink).exists():
-        return 0
-    return duckdb.sql(f"select count(*) from read_parquet('{store.sink_glob(data_dir, sink)}')").fetchall()[0][0]
-
-
-def rows(data_dir, sink: str, columns: str = "*") -> list[dict]:
-    rel = duckdb.sql(f"select {columns} from read_parquet('{store.sink_glob(data_dir, sink)}')")
-    return [dict(zip(rel.columns, r)) for r in rel.fetchall()]
-
-
-class JobThread:
-    """The job in a background thread of the test process, stopped through its event."""
-
-    def __init__(self, settings):
-        self.stop = threading.Event()
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(settings,), daemon=True)
-        self.thread.start()
-
-    def _run(self, settings):
-        try:
-            run_forever(settings, stop=self.stop)
-        except BaseException as exc:  # surfaced by the test
-            self.error = exc
-
-    def close(self):
-        self.stop.set()
-        self.thread.join(timeout=120)
-        assert not self.thread.is_alive(), "job did not stop"
-        if self.error:
-            raise self.error
-
-
 @pytest.fixture(scope="module")
 def scenario(tmp_path_factory, broker):
     from pipeline.config import load_settings
-    from conftest import _counter  # noqa: F401 - shared counter keeps topic names unique
 
     tag = tmp_path_factory.mktemp("job").name
     topics = {k: f"persistent://public/default/{k}-{tag}" for k in ("users", "items", "orders")}

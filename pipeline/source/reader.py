@@ -199,6 +199,9 @@ class PartitionCursor:
             try:
                 mid = self._reader.read_next(wait_ms).message_id()
             except pulsar.Timeout:
+                if not self._reader.is_connected():
+                    # Surface a lost broker as a failure so the restart strategy sees it.
+                    raise SourceError(f"lost the connection to the broker while reading {self.topic!r}") from None
                 break
             except Exception as exc:
                 raise SourceError(f"reading ahead on {self.topic!r} partition {self.partition} failed: {exc}") from exc
