@@ -124,6 +124,12 @@ _catalogs: dict[Path, SinkCatalog] = {}
 _catalogs_lock = threading.Lock()
 
 
+def forget_catalogs() -> None:
+    """Drop every catalog of this process, as a fresh process starts (for cold benchmarks)."""
+    with _catalogs_lock:
+        _catalogs.clear()
+
+
 def catalog_for(data_dir: Path) -> SinkCatalog:
     """The catalog of ``data_dir`` in this process (made on first use)."""
     key = Path(data_dir).absolute()

@@ -64,7 +64,7 @@ def build_hot_keys_chart(hot_keys: pd.DataFrame, key_label: str) -> go.Figure:
         text=[f"{share:.1%}" for share in ordered["share"]], textposition="auto", marker_color="#1565c0",
     ))
     figure = _layout(figure, f"Hottest {key_label}s by orders", "", x_title="orders")
-    figure.update_layout(hovermode="closest")
+    figure.update_layout(hovermode="closest", showlegend=False, margin={"t": 40})
     return figure
 
 
@@ -75,6 +75,17 @@ def build_task_chart(tasks: pd.DataFrame, value: str, title: str, unit: str) -> 
         figure.add_bar(x=[f"task {task}" for task in rows["task"]], y=rows[value], name=stage)
     figure.update_layout(barmode="group", hovermode="closest")
     return _layout(figure, title, unit, x_title="task (partition)")
+
+
+def build_task_heatmap(tasks: pd.DataFrame, stage: str) -> go.Figure:
+    """Records per task (rows) and batch (columns) of one stage: ``batch_id, task, records``."""
+    grid = tasks.pivot_table(index="task", columns="batch_id", values="records", aggfunc="sum")
+    figure = go.Figure(go.Heatmap(z=grid.values, x=[str(batch) for batch in grid.columns],
+                                  y=[f"task {task}" for task in grid.index], colorscale="Blues",
+                                  colorbar={"title": "records"}))
+    figure = _layout(figure, f"Records per task, {stage}", "", x_title="batch id")
+    figure.update_layout(hovermode="closest")
+    return figure
 
 
 def build_skew_chart(skew: pd.DataFrame) -> go.Figure:

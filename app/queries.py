@@ -60,28 +60,37 @@ def _bucket(time_column: str, bucket_s: int) -> str:
 # ------------------------------------------------------------------------ live view
 
 
+def load_sink_spans(connection: Connection, data_dir: Path) -> pd.DataFrame:
+    """One row per sink from the catalog, reading no file: ``sink, rows, oldest_ms, newest_ms``.
+
+    ``oldest_ms`` / ``newest_ms`` are the commit times of the sink's oldest and newest rows.
+    """
+    spans = []
+    for sink in SINK_TIME:
+        files = [entry for entry in catalog_for(data_dir).files(sink) if entry.rows]
+        spans.append({
+            "sink": sink, "rows": sum(entry.rows for entry in files),
+            "oldest_ms": min((entry.min_ms for entry in files), default=None),
+            "newest_ms": max((entry.max_ms for entry in files), default=None),
+        })
+    return pd.DataFrame(spans).astype({"rows": "int64", "oldest_ms": "Int64", "newest_ms": "Int64"})
+
+
 def load_sink_totals(connection: Connection, data_dir: Path, now_ms: int) -> pd.DataFrame:
-    """One row per sink: committed ``rows``, rows of the last minute and that minute's rate.
+    """:func:`load_sink_spans` plus the rows of the last minute and that minute's rate.
 
     ``rows_last_minute`` counts rows committed in the 60 s up to ``now_ms``;
-    ``rows_per_second`` is that count ÷ 60. ``oldest_ms`` / ``newest_ms`` are the commit
-    times of the sink's oldest and newest rows. Totals come from the catalog; only the files
-    of the last minute are read.
+    ``rows_per_second`` is that count ÷ 60. Only the files of that minute are read.
     """
-    totals = []
+    frame = load_sink_spans(connection, data_dir)
+    last_minute = []
     for sink, column in SINK_TIME.items():
-        files = catalog_for(data_dir).files(sink)
         recent = sink_relation(data_dir, sink, newer_than_ms=int(now_ms) - RATE_WINDOW_S * 1000)
-        (last_minute,) = connection.execute(
+        (count,) = connection.execute(
             f"SELECT count(*) FROM {recent} WHERE epoch_ms({column}) > $now_ms - {RATE_WINDOW_S * 1000} "
             f"AND epoch_ms({column}) <= $now_ms", {"now_ms": int(now_ms)}).fetchone()
-        times = [entry for entry in files if entry.rows]
-        totals.append({
-            "sink": sink, "rows": sum(entry.rows for entry in files), "rows_last_minute": int(last_minute),
-            "oldest_ms": min((entry.min_ms for entry in times), default=None),
-            "newest_ms": max((entry.max_ms for entry in times), default=None),
-        })
-    frame = pd.DataFrame(totals).astype({"oldest_ms": "Int64", "newest_ms": "Int64"})
+        last_minute.append(int(count))
+    frame.insert(2, "rows_last_minute", last_minute)
     frame["rows_per_second"] = frame["rows_last_minute"] / RATE_WINDOW_S
     return frame
 
@@ -101,27 +110,24 @@ def load_throughput(connection: Connection, data_dir: Path, window_end_ms: int, 
     return frame
 
 
-def load_latency_over_time(connection: Connection, data_dir: Path, window_end_ms: int, window_s: int, bucket_s: int) -> pd.DataFrame:
-    """End-to-end latency (published → enriched) per bucket: ``bucket_start, orders, p50_ms, p99_ms``.
+def load_latency(connection: Connection, data_dir: Path, window_end_ms: int, window_s: int, bucket_s: int) -> pd.DataFrame:
+    """End-to-end latency (published → enriched) over the window, in one pass.
 
+    Columns ``scope, bucket_start, orders, p50_ms, p99_ms, max_ms``: one row with scope
+    "window" (``bucket_start`` NULL) for the whole window, then one "bucket" row per bucket.
     Percentiles interpolate linearly between the two nearest orders (``quantile_cont``).
     """
     sql = f"""
-        SELECT {_bucket('enriched_at', bucket_s)} AS bucket_start, count(*) AS orders,
-               quantile_cont({LATENCY_MS}, 0.5) AS p50_ms, quantile_cont({LATENCY_MS}, 0.99) AS p99_ms
-        FROM {sink_relation(data_dir, 'enriched', newer_than_ms=window_end_ms - window_s * 1000)}
-        WHERE epoch_ms(enriched_at) > $end_ms - $window_ms AND epoch_ms(enriched_at) <= $end_ms
-        GROUP BY 1 ORDER BY 1"""
-    return _frame(connection, sql, {"end_ms": int(window_end_ms), "window_ms": int(window_s) * 1000})
-
-
-def load_latency_summary(connection: Connection, data_dir: Path, window_end_ms: int, window_s: int) -> pd.DataFrame:
-    """End-to-end latency over the whole window, one row: ``orders, p50_ms, p99_ms, max_ms``."""
-    sql = f"""
-        SELECT count(*) AS orders, quantile_cont({LATENCY_MS}, 0.5) AS p50_ms,
-               quantile_cont({LATENCY_MS}, 0.99) AS p99_ms, max({LATENCY_MS}) AS max_ms
-        FROM {sink_relation(data_dir, 'enriched', newer_than_ms=window_end_ms - window_s * 1000)}
-        WHERE epoch_ms(enriched_at) > $end_ms - $window_ms AND epoch_ms(enriched_at) <= $end_ms"""
+        SELECT CASE WHEN grouping(bucket_start) = 1 THEN 'window' ELSE 'bucket' END AS scope, bucket_start,
+               count(*) AS orders, quantile_cont(latency_ms, 0.5) AS p50_ms,
+               quantile_cont(latency_ms, 0.99) AS p99_ms, max(latency_ms) AS max_ms
+        FROM (
+            SELECT {_bucket('enriched_at', bucket_s)} AS bucket_start, {LATENCY_MS} AS latency_ms
+            FROM {sink_relation(data_dir, 'enriched', newer_than_ms=window_end_ms - window_s * 1000)}
+            WHERE epoch_ms(enriched_at) > $end_ms - $window_ms AND epoch_ms(enriched_at) <= $end_ms
+        )
+        GROUP BY GROUPING SETS ((), (bucket_start))
+        ORDER BY grouping(bucket_start) DESC, bucket_start"""
     return _frame(connection, sql, {"end_ms": int(window_end_ms), "window_ms": int(window_s) * 1000})
 
 
@@ -224,13 +230,15 @@ def load_missing_by_reason(connection: Connection, data_dir: Path, window_end_ms
     return _frame(connection, sql, {"end_ms": int(window_end_ms), "window_ms": int(window_s) * 1000})
 
 
-def load_top_missing_keys(connection: Connection, data_dir: Path, limit: int = 10) -> pd.DataFrame:
-    """The users and items most often missing, ``limit`` of each, in one pass over the sink.
+def load_top_missing_keys(connection: Connection, data_dir: Path, window_end_ms: int, window_s: int,
+                          limit: int = 10) -> pd.DataFrame:
+    """The users and items most often missing in the window, ``limit`` of each, in one pass.
 
     Columns ``key`` ("user" / "item"), ``key_id, missing_orders, last_detected_at,
     seen_since_at``; ``seen_since_at`` is the earliest enriched order for that key after its
-    last miss. An order missing both counts for its user and its item.
+    last miss (at any time up to now). An order missing both counts for its user and its item.
     """
+    since_window_ms = int(window_end_ms) - int(window_s) * 1000
     per_key = " UNION ALL ".join(
         f"""(SELECT '{key}' AS key, {column} AS key_id, count(*) AS missing_orders,
                     max(detected_at) AS last_detected_at, max(epoch_ms(detected_at)) AS last_detected_ms
@@ -240,8 +248,10 @@ def load_top_missing_keys(connection: Connection, data_dir: Path, limit: int = 1
     )
     top = _frame(connection, f"""
         WITH missing AS MATERIALIZED (
-            SELECT user_id, item_id, reason, detected_at FROM {sink_relation(data_dir, 'missing_state')})
-        {per_key}""", {"limit": int(limit)})
+            SELECT user_id, item_id, reason, detected_at
+            FROM {sink_relation(data_dir, 'missing_state', newer_than_ms=since_window_ms)}
+            WHERE epoch_ms(detected_at) > $since_ms AND epoch_ms(detected_at) <= $end_ms)
+        {per_key}""", {"limit": int(limit), "since_ms": since_window_ms, "end_ms": int(window_end_ms)})
     since_ms = int(top["last_detected_ms"].min()) - 1 if not top.empty else None
     sql = f"""
         WITH hits AS (
@@ -333,7 +343,7 @@ def load_partition_rows(connection: Connection, data_dir: Path, batches: int = 1
 _PHASE_COLUMNS = ", ".join(f'duration_ms."{phase}" AS "{phase}_ms"' for phase in DURATION_PHASES)
 _ROCKSDB_COMMIT_MS = (
     "list_sum(list_transform(state, lambda s: coalesce(list_sum(list_transform(map_entries(s.custom), "
-    "lambda e: CASE WHEN e.key LIKE 'rocksdbCommit%LatencyMs' THEN e.value ELSE 0.0 END)), 0.0)))"
+    "lambda e: CASE WHEN e.key LIKE 'rocksdbCommit%Latency%' THEN e.value ELSE 0.0 END)), 0.0)))"
 )
 
 
@@ -343,8 +353,9 @@ def load_batches(connection: Connection, data_dir: Path, limit: int = 300) -> pd
     Columns: ``batch_id, ts_ms, trigger_time, num_input_rows, input_rows_per_second,
     processed_rows_per_second, trigger_interval_ms, batch_duration_ms``, one ``<phase>_ms``
     per duration phase, the state summed over operators (``state_rows, state_rows_updated,
-    state_memory_bytes, state_commit_ms, rocksdb_commit_ms`` = the RocksDB commit phases
-    ``rocksdbCommit*LatencyMs``), ``state_size_bytes`` and the rows each sink got.
+    state_memory_bytes, state_commit_ms, rocksdb_commit_ms`` = the sum of the RocksDB commit
+    phases ``rocksdbCommit*Latency*``: flush, compact, checkpoint, file sync), ``state_size_bytes``
+    and the rows each sink got.
     """
     sql = f"""
         SELECT * FROM (
@@ -393,7 +404,7 @@ def load_backlog(connection: Connection, data_dir: Path, limit: int = 300) -> pd
     frame = _frame(connection, sql, {"limit": int(limit)})
     frame["backlog"] = pd.array(
         [
-            compute_backlog(_none(end), _none(latest), _none(reported))
+            compute_backlog(end, latest, reported)
             for end, latest, reported in zip(frame["end_position"], frame["latest_position"], frame["reported_backlog"])
         ],
         dtype="Int64",
@@ -482,8 +493,3 @@ def load_replays(connection: Connection, data_dir: Path) -> pd.DataFrame:
         FULL OUTER JOIN finished f ON f.seq = coalesce(r.seq, s.seq)
         ORDER BY seq DESC"""
     return _frame(connection, sql)
-
-
-def _none(value: Any) -> Any:
-    """pandas' missing values (NA, NaN) as None, for the pure functions."""
-    return None if pd.isna(value) else value

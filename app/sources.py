@@ -129,17 +129,16 @@ def sink_relation(data_dir: Path, sink: str, newer_than_ms: int | None = None, n
     return f"read_parquet({file_list}, hive_partitioning = false)"
 
 
-def metrics_files(data_dir: Path, stream: str, newest: int | None = None) -> list[Path]:
-    """The day files of a metrics stream, oldest first; ``newest`` keeps only the last few days."""
+def metrics_files(data_dir: Path, stream: str) -> list[Path]:
+    """The day files of a metrics stream, oldest first."""
     folder = store.metrics_dir(data_dir, stream)
-    files = sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
-    return files[-newest:] if newest else files
+    return sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
 
 
-def metrics_relation(data_dir: Path, stream: str, newest_files: int | None = None) -> str:
+def metrics_relation(data_dir: Path, stream: str) -> str:
     """FROM-clause text for a metrics stream: its complete lines, or no rows if there are none."""
     columns = METRIC_COLUMNS[stream]
-    files = metrics_files(data_dir, stream, newest_files)
+    files = metrics_files(data_dir, stream)
     if not files:
         return empty_relation(columns)
     file_list = "[" + ", ".join(sql_text(str(path)) for path in files) + "]"

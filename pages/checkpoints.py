@@ -38,7 +38,8 @@ def render_history() -> None:
         views.MetricCard("State rows", views.format_count(latest["state_rows"]), help="Summed over the stateful operators."),
         views.MetricCard("State size on disk", views.format_bytes(latest["state_size_bytes"])),
         views.MetricCard("RocksDB commit", views.format_ms(latest["rocksdb_commit_ms"]),
-                         help="Sum of the RocksDB commit phases (rocksdbCommit…LatencyMs) over the operators."),
+                         help="Sum of the RocksDB commit phases (rocksdbCommit…Latency: flush, compact, checkpoint, "
+                              "file sync) over the operators, newest batch."),
         views.MetricCard("Restarts", views.format_count(restarts), help="Restart events over the whole metrics store."),
     ])
     phases_column, state_column = st.columns(2)

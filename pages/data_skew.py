@@ -27,7 +27,7 @@ views.render_page_header(
 def render_key_load() -> bool:
     """Hot users and items; False when there are no orders yet."""
     st.subheader("Orders per key")
-    totals = fetch(queries.load_sink_totals, data_dir=data_dir, now_ms=0).set_index("sink")
+    totals = fetch(queries.load_sink_spans, data_dir=data_dir).set_index("sink")
     newest_ms = totals.loc[["enriched", "missing_state"], "newest_ms"].max()
     if pd.isna(newest_ms):
         views.render_empty_state(f"No orders yet, so no keys to rank — {views.START_HINT}.")
@@ -73,6 +73,9 @@ def render_stage_skew() -> None:
     duration_column.plotly_chart(charts.build_task_chart(latest_tasks, "duration_ms", f"Duration per task, batch {latest_batch}",
                                                          "ms"), key="task_duration")
     st.plotly_chart(charts.build_skew_chart(skew), key="skew_trend")
+    for column, (stage, stage_tasks) in zip(st.columns(2), tasks.groupby("stage", sort=True)):
+        column.plotly_chart(charts.build_task_heatmap(stage_tasks, stage), key=f"heatmap_{stage}")
+    st.caption(f"The newest {TASK_BATCHES} batches.")
 
 
 def render_partitions() -> None:

@@ -25,8 +25,9 @@ def render_live() -> None:
         return
     window_end_ms = int(totals["newest_ms"].max())
     window_s, bucket_s = console_math.choose_window(int(totals["oldest_ms"].min()), window_end_ms, WINDOW_S)
-    latency = fetch(queries.load_latency_summary, data_dir=data_dir, window_end_ms=window_end_ms,
-                    window_s=window_s).iloc[0]
+    latency = fetch(queries.load_latency, data_dir=data_dir, window_end_ms=window_end_ms,
+                    window_s=window_s, bucket_s=bucket_s)
+    latency_in_window = latency.iloc[0]
     rate_help = "Rows committed in the last 60 s ÷ 60."
     latency_help = (f"Published to the orders topic → enriched row committed, over the "
                     f"{console_math.format_age(window_s * 1000)} up to the newest row.")
@@ -37,17 +38,15 @@ def render_live() -> None:
                          views.format_rate(totals.at["missing_state", "rows_per_second"]), rate_help),
         views.MetricCard("Dead letters", views.format_count(totals.at["dead_letter", "rows"]),
                          views.format_rate(totals.at["dead_letter", "rows_per_second"]), rate_help),
-        views.MetricCard("Latency p50", views.format_ms(latency["p50_ms"]), help=latency_help),
-        views.MetricCard("Latency p99", views.format_ms(latency["p99_ms"]), help=latency_help),
+        views.MetricCard("Latency p50", views.format_ms(latency_in_window["p50_ms"]), help=latency_help),
+        views.MetricCard("Latency p99", views.format_ms(latency_in_window["p99_ms"]), help=latency_help),
     ])
 
     throughput_column, latency_column = st.columns(2)
     throughput = fetch(queries.load_throughput, data_dir=data_dir, window_end_ms=window_end_ms,
                        window_s=window_s, bucket_s=bucket_s)
     throughput_column.plotly_chart(charts.build_throughput_chart(throughput), key="throughput")
-    latency_over_time = fetch(queries.load_latency_over_time, data_dir=data_dir, window_end_ms=window_end_ms,
-                              window_s=window_s, bucket_s=bucket_s)
-    latency_column.plotly_chart(charts.build_latency_chart(latency_over_time), key="latency")
+    latency_column.plotly_chart(charts.build_latency_chart(latency[latency["scope"] == "bucket"]), key="latency")
     st.caption(f"Charts: the {console_math.format_age(window_s * 1000)} up to the newest committed row, "
                f"in {bucket_s} s buckets.")
 

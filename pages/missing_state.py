@@ -7,7 +7,7 @@ import streamlit as st
 from app import charts, console_math, queries, views
 from app.resources import REFRESH_SECONDS, fetch
 
-WINDOW_S = 60 * 60
+WINDOW_S = 15 * 60
 RESULT_LIMIT = 200
 SEARCH_KEYS = {"invoice id": "invoice_id", "user id": "user_id", "item id": "item_id"}
 
@@ -35,16 +35,18 @@ def render_overview() -> None:
         views.MetricCard("Item missing", views.format_count(totals.get("item", 0))),
         views.MetricCard("Both missing", views.format_count(totals.get("user_and_item", 0))),
     ])
-    span = fetch(queries.load_sink_totals, data_dir=data_dir, now_ms=0).set_index("sink").loc["missing_state"]
+    span = fetch(queries.load_sink_spans, data_dir=data_dir).set_index("sink").loc["missing_state"]
     newest_ms = int(span["newest_ms"])
     window_s, bucket_s = console_math.choose_window(int(span["oldest_ms"]), newest_ms, WINDOW_S)
     by_reason = fetch(queries.load_missing_by_reason, data_dir=data_dir, window_end_ms=newest_ms,
                       window_s=window_s, bucket_s=bucket_s)
     st.plotly_chart(charts.build_reason_chart(by_reason), key="by_reason")
-    top = fetch(queries.load_top_missing_keys, data_dir=data_dir, limit=10)
+    top = fetch(queries.load_top_missing_keys, data_dir=data_dir, window_end_ms=newest_ms, window_s=window_s, limit=10)
     for column, key in zip(st.columns(2), ("user", "item")):
         with column:
             render_top_missing(key, top[top["key"] == key].drop(columns=["key"]))
+    st.caption(f"Chart and top keys: the {console_math.format_age(window_s * 1000)} up to the newest missing order, "
+               f"in {bucket_s} s buckets. Cards: the whole sink.")
 
 
 def render_top_missing(key: str, top: pd.DataFrame) -> None:

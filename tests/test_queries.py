@@ -33,14 +33,14 @@ def _ms(series: pd.Series) -> pd.Series:
 
 EMPTY_CALLS = {
     "load_sink_totals": {"now_ms": 0},
+    "load_sink_spans": {},
     "load_throughput": {"window_end_ms": 10_000, "window_s": 60, "bucket_s": 1},
-    "load_latency_over_time": {"window_end_ms": 10_000, "window_s": 60, "bucket_s": 1},
-    "load_latency_summary": {"window_end_ms": 10_000, "window_s": 60},
+    "load_latency": {"window_end_ms": 10_000, "window_s": 60, "bucket_s": 1},
     "load_newest_enriched": {},
     "load_missing_orders": {"user_id": 1},
     "load_missing_totals": {},
     "load_missing_by_reason": {"window_end_ms": 10_000, "window_s": 60, "bucket_s": 1},
-    "load_top_missing_keys": {},
+    "load_top_missing_keys": {"window_end_ms": 10_000, "window_s": 60},
     "load_key_load": {"window_end_ms": 10_000, "window_s": 60},
     "load_recent_tasks": {},
     "load_partition_rows": {},
@@ -61,9 +61,11 @@ def test_every_query_reads_an_untouched_data_dir_as_empty(connection, empty_data
     frame = getattr(queries, name)(connection, empty_data_dir, **EMPTY_CALLS[name])
     assert isinstance(frame, pd.DataFrame)
     numbers = frame.select_dtypes("number").fillna(0)
-    if name in ("load_latency_summary", "load_progress_totals"):
+    if name == "load_latency":
+        assert frame["scope"].tolist() == ["window"] and frame["orders"].tolist() == [0]
+    elif name == "load_progress_totals":
         assert numbers.to_numpy().sum() == 0  # one summary row of zeros
-    elif name == "load_sink_totals":
+    elif name in ("load_sink_totals", "load_sink_spans"):
         assert frame["sink"].tolist() == ["enriched", "missing_state", "dead_letter"]
         assert numbers.to_numpy().sum() == 0  # one summary row of zeros
     else:
@@ -88,6 +90,7 @@ def test_sink_totals_and_last_minute_rates(connection, fixture_data):
         assert totals.at[sink, "rows_last_minute"] == last_minute
         assert totals.at[sink, "rows_per_second"] == pytest.approx(last_minute / 60)
         assert totals.at[sink, "newest_ms"] == times.max()
+        assert totals.at[sink, "oldest_ms"] == times.min()
     assert totals.at["enriched", "rows"] == fixture_data.enriched_rows > 0
 
 
@@ -104,11 +107,12 @@ def test_latency_percentiles_on_known_latencies(connection, tmp_path):
     folder = store.sink_dir(tmp_path, "enriched") / store.batch_folder(0)
     folder.mkdir(parents=True)
     pq.write_table(pa.table(columns, schema=ENRICHED_SCHEMA), folder / "part-00000.parquet")
-    summary = queries.load_latency_summary(connection, tmp_path, window_end_ms=base + 1000, window_s=60).iloc[0]
-    assert (summary["orders"], summary["p50_ms"], summary["max_ms"]) == (100, 50.5, 100)
-    assert summary["p99_ms"] == pytest.approx(99.01)
-    over_time = queries.load_latency_over_time(connection, tmp_path, window_end_ms=base + 1000, window_s=60, bucket_s=10)
-    assert over_time[["orders", "p50_ms"]].values.tolist() == [[100, 50.5]]
+    latency = queries.load_latency(connection, tmp_path, window_end_ms=base + 1000, window_s=60, bucket_s=10)
+    window, bucket = latency.iloc[0], latency.iloc[1]
+    assert latency["scope"].tolist() == ["window", "bucket"] and pd.isna(window["bucket_start"])
+    assert (window["orders"], window["p50_ms"], window["max_ms"]) == (100, 50.5, 100)
+    assert window["p99_ms"] == pytest.approx(99.01)
+    assert (bucket["orders"], bucket["p50_ms"]) == (100, 50.5)
 
 
 def test_throughput_buckets_count_back_from_the_window_end(connection, fixture_data):
@@ -178,17 +182,20 @@ def test_missing_totals_reasons_over_time_and_top_keys(connection, fixture_data)
     end = int(_ms(missing["detected_at"]).max())
     by_reason = queries.load_missing_by_reason(connection, data_dir, end, window_s=3600, bucket_s=60)
     assert by_reason.groupby("reason")["orders"].sum().to_dict() == totals.to_dict()
-    top = queries.load_top_missing_keys(connection, data_dir, limit=3)
     enriched = read_sink(data_dir, "enriched")
-    for key, reasons in (("user", ["user", "user_and_item"]), ("item", ["item", "user_and_item"])):
-        rows = top[top["key"] == key]
-        counts = missing[missing["reason"].isin(reasons)].groupby(f"{key}_id")["detected_at"].agg(["count", "max"])
-        assert rows["missing_orders"].tolist() == sorted(counts["count"], reverse=True)[:3]
-        for row in rows.itertuples():
-            assert counts.at[row.key_id, "count"] == row.missing_orders
-            later = enriched[(enriched[f"{key}_id"] == row.key_id) & (enriched["enriched_at"] > counts.at[row.key_id, "max"])]
-            expected = later["enriched_at"].min() if len(later) else None
-            assert (pd.isna(row.seen_since_at) if expected is None else pd.Timestamp(row.seen_since_at, tz="UTC") == expected)
+    for window_s in (3600, 8):  # all of the fixture, and only its newest seconds
+        top = queries.load_top_missing_keys(connection, data_dir, window_end_ms=end, window_s=window_s, limit=3)
+        in_window = missing[_ms(missing["detected_at"]) > end - window_s * 1000]
+        assert 0 < len(in_window) and (window_s == 3600) == (len(in_window) == len(missing))
+        for key, reasons in (("user", ["user", "user_and_item"]), ("item", ["item", "user_and_item"])):
+            rows = top[top["key"] == key]
+            counts = in_window[in_window["reason"].isin(reasons)].groupby(f"{key}_id")["detected_at"].agg(["count", "max"])
+            assert rows["missing_orders"].tolist() == sorted(counts["count"], reverse=True)[:3]
+            for row in rows.itertuples():
+                assert counts.at[row.key_id, "count"] == row.missing_orders
+                later = enriched[(enriched[f"{key}_id"] == row.key_id) & (enriched["enriched_at"] > counts.at[row.key_id, "max"])]
+                expected = later["enriched_at"].min() if len(later) else None
+                assert (pd.isna(row.seen_since_at) if expected is None else pd.Timestamp(row.seen_since_at, tz="UTC") == expected)
 
 
 # ------------------------------------------------------------------------------ skew
