@@ -1,26 +1,22 @@
-"""The console's DuckDB queries: plain ``(connection, params) -> DataFrame`` functions.
+"""The console's DuckDB queries over the sinks: plain ``(connection, params) -> DataFrame`` functions.
 
 Each function aggregates in DuckDB and returns a small frame, so a page never loads a whole
-sink into pandas. ``connection`` is a DuckDB connection or cursor (one per thread, see
+sink into pandas; windowed queries read only the files that can hold rows of their window
+(:mod:`app.catalog`). ``connection`` is a DuckDB connection or cursor (one per thread, see
 :func:`app.sources.connect`); ``data_dir`` is the job's data dir. Times come back as naive
-UTC timestamps; ``*_ms`` columns are epoch milliseconds. A missing sink or metrics folder
-reads as empty (:mod:`app.sources`).
+UTC timestamps; ``*_ms`` columns are epoch milliseconds. A sink with no files reads as
+empty. The metrics store has its own module, :mod:`app.metric_queries`.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import pandas as pd
 
 from app.catalog import SINK_TIME, catalog_for
-from app.console_math import LIFECYCLE_KINDS, compute_backlog
-from app.sources import DURATION_PHASES, metrics_relation, sink_relation
-
-Connection = duckdb.DuckDBPyConnection
+from app.sources import Connection, query_frame, sink_relation
 
 RATE_WINDOW_S = 60
 # Which reasons mean that a user or an item was missing, and the column holding its id.
@@ -32,16 +28,12 @@ ORDER_KEYS = {"user": "user_id", "item": "item_id"}
 LATENCY_MS = "(epoch_ms(enriched_at) - epoch_ms(published_at))"
 
 
-def _frame(connection: Connection, sql: str, params: dict[str, Any] | None = None) -> pd.DataFrame:
-    return connection.execute(sql, params or {}).df()
-
-
 def _frame_with(connection: Connection, tables: dict[str, pd.DataFrame], sql: str, params: dict[str, Any] | None = None) -> pd.DataFrame:
     """Run ``sql`` with small frames registered as tables for the duration of the query."""
     for name, frame in tables.items():
         connection.register(name, frame)
     try:
-        return _frame(connection, sql, params)
+        return query_frame(connection, sql, params)
     finally:
         for name in tables:
             connection.unregister(name)
@@ -105,7 +97,7 @@ def load_throughput(connection: Connection, data_dir: Path, window_end_ms: int, 
         for sink, column in SINK_TIME.items()
     ]
     sql = " UNION ALL ".join(parts) + " ORDER BY bucket_start, sink"
-    frame = _frame(connection, sql, {"end_ms": int(window_end_ms), "window_ms": int(window_s) * 1000})
+    frame = query_frame(connection, sql, {"end_ms": int(window_end_ms), "window_ms": int(window_s) * 1000})
     frame["rows_per_second"] = frame["rows"] / bucket_s
     return frame
 
@@ -128,7 +120,7 @@ def load_latency(connection: Connection, data_dir: Path, window_end_ms: int, win
         )
         GROUP BY GROUPING SETS ((), (bucket_start))
         ORDER BY grouping(bucket_start) DESC, bucket_start"""
-    return _frame(connection, sql, {"end_ms": int(window_end_ms), "window_ms": int(window_s) * 1000})
+    return query_frame(connection, sql, {"end_ms": int(window_end_ms), "window_ms": int(window_s) * 1000})
 
 
 def load_newest_enriched(connection: Connection, data_dir: Path, limit: int = 20) -> pd.DataFrame:
@@ -141,7 +133,7 @@ def load_newest_enriched(connection: Connection, data_dir: Path, limit: int = 20
         FROM {sink_relation(data_dir, 'enriched', newest_rows=limit)}
         ORDER BY enriched_at DESC, invoice_id DESC, line_item_id DESC
         LIMIT $limit"""
-    return _frame(connection, sql, {"limit": int(limit)})
+    return query_frame(connection, sql, {"limit": int(limit)})
 
 
 # ---------------------------------------------------------------------- missing state
@@ -163,7 +155,7 @@ def load_missing_orders(
     ``redrive_missing_at`` say what became of a re-drive of this order, if any.
     """
     searching = invoice_id is not None or user_id is not None or item_id is not None
-    picked = _frame(connection, f"""
+    picked = query_frame(connection, f"""
         SELECT epoch_ms(detected_at) AS detected_ms, *
         FROM {sink_relation(data_dir, 'missing_state', newest_rows=None if searching else limit)}
         WHERE ($invoice_id IS NULL OR invoice_id = $invoice_id)
@@ -227,7 +219,7 @@ def load_missing_by_reason(connection: Connection, data_dir: Path, window_end_ms
         FROM {sink_relation(data_dir, 'missing_state', newer_than_ms=window_end_ms - window_s * 1000)}
         WHERE epoch_ms(detected_at) > $end_ms - $window_ms AND epoch_ms(detected_at) <= $end_ms
         GROUP BY 1, 2 ORDER BY 1, 2"""
-    return _frame(connection, sql, {"end_ms": int(window_end_ms), "window_ms": int(window_s) * 1000})
+    return query_frame(connection, sql, {"end_ms": int(window_end_ms), "window_ms": int(window_s) * 1000})
 
 
 def load_top_missing_keys(connection: Connection, data_dir: Path, window_end_ms: int, window_s: int,
@@ -246,7 +238,7 @@ def load_top_missing_keys(connection: Connection, data_dir: Path, window_end_ms:
              GROUP BY 2 ORDER BY missing_orders DESC, key_id LIMIT $limit)"""
         for key, (column, reasons) in MISSING_KEYS.items()
     )
-    top = _frame(connection, f"""
+    top = query_frame(connection, f"""
         WITH missing AS MATERIALIZED (
             SELECT user_id, item_id, reason, detected_at
             FROM {sink_relation(data_dir, 'missing_state', newer_than_ms=since_window_ms)}
@@ -312,184 +304,5 @@ def load_key_load(connection: Connection, data_dir: Path, window_end_ms: int, wi
             WHERE {in_window.format(time='detected_at')}
         )
         SELECT * EXCLUDE (rank) FROM ({ranked('user')} UNION ALL {ranked('item')}) ORDER BY key DESC, rank"""
-    return _frame(connection, sql, {"limit": int(limit), "fraction": float(top_fraction),
+    return query_frame(connection, sql, {"limit": int(limit), "fraction": float(top_fraction),
                                     "since_ms": since_ms, "end_ms": int(window_end_ms)})
-
-
-def load_recent_tasks(connection: Connection, data_dir: Path, batches: int = 20) -> pd.DataFrame:
-    """Task rows of the newest ``batches`` batches: ``batch_id, stage, stage_id, task, records, duration_ms``."""
-    tasks = metrics_relation(data_dir, "tasks")
-    sql = f"""
-        WITH recent AS (SELECT DISTINCT batch_id FROM {tasks} ORDER BY batch_id DESC LIMIT $batches)
-        SELECT batch_id, stage, stage_id, task, records, duration_ms
-        FROM {tasks} WHERE batch_id IN (SELECT batch_id FROM recent)
-        ORDER BY batch_id, stage, task"""
-    return _frame(connection, sql, {"batches": int(batches)})
-
-
-def load_partition_rows(connection: Connection, data_dir: Path, batches: int = 100) -> pd.DataFrame:
-    """Rows read per source topic and partition over the newest ``batches`` batches."""
-    sql = f"""
-        WITH recent AS (SELECT topics FROM {metrics_relation(data_dir, 'progress')} ORDER BY ts_ms DESC LIMIT $batches),
-        per_topic AS (SELECT unnest(topics) AS t FROM recent),
-        per_partition AS (SELECT t.topic AS topic, unnest(t.partitions) AS p FROM per_topic)
-        SELECT topic, CAST(p."partition" AS INTEGER) AS "partition", CAST(sum(p."rows") AS BIGINT) AS "rows"
-        FROM per_partition GROUP BY 1, 2 ORDER BY 1, 2"""
-    return _frame(connection, sql, {"batches": int(batches)})
-
-
-# ----------------------------------------------------------------- batches (progress)
-
-_PHASE_COLUMNS = ", ".join(f'duration_ms."{phase}" AS "{phase}_ms"' for phase in DURATION_PHASES)
-_ROCKSDB_COMMIT_MS = (
-    "list_sum(list_transform(state, lambda s: coalesce(list_sum(list_transform(map_entries(s.custom), "
-    "lambda e: CASE WHEN e.key LIKE 'rocksdbCommit%Latency%' THEN e.value ELSE 0.0 END)), 0.0)))"
-)
-
-
-def load_batches(connection: Connection, data_dir: Path, limit: int = 300) -> pd.DataFrame:
-    """The newest ``limit`` progress rows (one per micro-batch), oldest first.
-
-    Columns: ``batch_id, ts_ms, trigger_time, num_input_rows, input_rows_per_second,
-    processed_rows_per_second, trigger_interval_ms, batch_duration_ms``, one ``<phase>_ms``
-    per duration phase, the state summed over operators (``state_rows, state_rows_updated,
-    state_memory_bytes, state_commit_ms, rocksdb_commit_ms`` = the sum of the RocksDB commit
-    phases ``rocksdbCommit*Latency*``: flush, compact, checkpoint, file sync), ``state_size_bytes``
-    and the rows each sink got.
-    """
-    sql = f"""
-        SELECT * FROM (
-            SELECT batch_id, ts_ms, epoch_ms(ts_ms) AS trigger_time, num_input_rows,
-                   input_rows_per_second, processed_rows_per_second, trigger_interval_ms,
-                   batch_duration_ms, {_PHASE_COLUMNS},
-                   CAST(list_sum(list_transform(state, lambda s: s.rows_total)) AS BIGINT) AS state_rows,
-                   CAST(list_sum(list_transform(state, lambda s: s.rows_updated)) AS BIGINT) AS state_rows_updated,
-                   CAST(list_sum(list_transform(state, lambda s: s.memory_bytes)) AS BIGINT) AS state_memory_bytes,
-                   CAST(list_sum(list_transform(state, lambda s: s.commit_ms)) AS BIGINT) AS state_commit_ms,
-                   CAST({_ROCKSDB_COMMIT_MS} AS DOUBLE) AS rocksdb_commit_ms,
-                   state_size_bytes,
-                   sink_rows.enriched AS enriched_rows, sink_rows.missing_state AS missing_rows,
-                   sink_rows.dead_letter AS dead_letter_rows
-            FROM {metrics_relation(data_dir, 'progress')}
-            ORDER BY ts_ms DESC LIMIT $limit
-        ) ORDER BY ts_ms"""
-    return _frame(connection, sql, {"limit": int(limit)})
-
-
-def load_state_by_operator(connection: Connection, data_dir: Path) -> pd.DataFrame:
-    """The state of each operator in the newest batch: ``operator, rows_total, memory_bytes, commit_ms``."""
-    sql = f"""
-        WITH newest AS (SELECT state FROM {metrics_relation(data_dir, 'progress')} ORDER BY ts_ms DESC LIMIT 1),
-        operators AS (SELECT unnest(state) AS s FROM newest)
-        SELECT s.operator AS operator, s.rows_total AS rows_total, s.memory_bytes AS memory_bytes,
-               s.commit_ms AS commit_ms
-        FROM operators ORDER BY operator"""
-    return _frame(connection, sql)
-
-
-def load_backlog(connection: Connection, data_dir: Path, limit: int = 300) -> pd.DataFrame:
-    """Per topic and batch over the newest ``limit`` batches: positions and the backlog.
-
-    Columns ``ts_ms, trigger_time, batch_id, topic, generation, rows, end_position,
-    latest_position, backlog`` (see :func:`app.console_math.compute_backlog`), oldest first.
-    """
-    sql = f"""
-        WITH recent AS (SELECT ts_ms, batch_id, topics FROM {metrics_relation(data_dir, 'progress')}
-                        ORDER BY ts_ms DESC LIMIT $limit),
-        per_topic AS (SELECT ts_ms, batch_id, unnest(topics) AS t FROM recent)
-        SELECT ts_ms, epoch_ms(ts_ms) AS trigger_time, batch_id, t.topic AS topic,
-               t.generation AS generation, t."rows" AS "rows", t.end_position AS end_position,
-               t.latest_position AS latest_position, t.backlog AS reported_backlog
-        FROM per_topic ORDER BY ts_ms, topic"""
-    frame = _frame(connection, sql, {"limit": int(limit)})
-    frame["backlog"] = pd.array(
-        [
-            compute_backlog(end, latest, reported)
-            for end, latest, reported in zip(frame["end_position"], frame["latest_position"], frame["reported_backlog"])
-        ],
-        dtype="Int64",
-    )
-    return frame.drop(columns=["reported_backlog"])
-
-
-def load_progress_totals(connection: Connection, data_dir: Path) -> pd.DataFrame:
-    """Sums over every progress row: ``batches, last_batch_id`` and rows per sink."""
-    sql = f"""
-        SELECT count(*) AS batches, max(batch_id) AS last_batch_id,
-               CAST(coalesce(sum(sink_rows.enriched), 0) AS BIGINT) AS enriched_rows,
-               CAST(coalesce(sum(sink_rows.missing_state), 0) AS BIGINT) AS missing_rows,
-               CAST(coalesce(sum(sink_rows.dead_letter), 0) AS BIGINT) AS dead_letter_rows
-        FROM {metrics_relation(data_dir, 'progress')}"""
-    return _frame(connection, sql)
-
-
-def load_topic_positions(connection: Connection, data_dir: Path, topic: str, since_ms: int) -> pd.DataFrame:
-    """A topic's positions in every batch from ``since_ms`` on.
-
-    Columns ``ts_ms, batch_id, generation, rows, end_position, latest_position``, oldest first.
-    """
-    sql = f"""
-        WITH per_topic AS (SELECT ts_ms, batch_id, unnest(topics) AS t
-                           FROM {metrics_relation(data_dir, 'progress')} WHERE ts_ms >= $since_ms)
-        SELECT ts_ms, batch_id, t.generation AS generation, t."rows" AS "rows", t.end_position AS end_position,
-               t.latest_position AS latest_position
-        FROM per_topic WHERE t.topic = $topic ORDER BY ts_ms"""
-    return _frame(connection, sql, {"topic": topic, "since_ms": int(since_ms)})
-
-
-# -------------------------------------------------------------------------- events
-
-
-def load_events(connection: Connection, data_dir: Path, kinds: tuple[str, ...] | None = None, limit: int = 200) -> pd.DataFrame:
-    """The newest events (newest first): ``ts_ms, time, kind, message, details`` (a dict)."""
-    kind_filter = "kind IN (SELECT unnest($kinds))" if kinds else "true"
-    sql = f"""
-        SELECT ts_ms, epoch_ms(ts_ms) AS time, kind, message, CAST(details AS VARCHAR) AS details
-        FROM {metrics_relation(data_dir, 'events')}
-        WHERE {kind_filter} ORDER BY ts_ms DESC LIMIT $limit"""
-    params: dict[str, Any] = {"limit": int(limit)}
-    if kinds:
-        params["kinds"] = list(kinds)
-    frame = _frame(connection, sql, params)
-    frame["details"] = [json.loads(text) if isinstance(text, str) else {} for text in frame["details"]]
-    return frame
-
-
-def load_latest_lifecycle_event(connection: Connection, data_dir: Path) -> pd.DataFrame:
-    """The newest of job_started / restart / job_failed / job_stopped, as a one-row frame."""
-    return load_events(connection, data_dir, kinds=LIFECYCLE_KINDS, limit=1)
-
-
-def load_event_counts(connection: Connection, data_dir: Path) -> pd.DataFrame:
-    """Events of each kind over the whole store: ``kind, events``."""
-    sql = f"SELECT kind, count(*) AS events FROM {metrics_relation(data_dir, 'events')} GROUP BY 1 ORDER BY 1"
-    return _frame(connection, sql)
-
-
-def load_replays(connection: Connection, data_dir: Path) -> pd.DataFrame:
-    """One row per replay ``seq``, newest first, from its requested / started / finished events.
-
-    Columns: ``seq, topic, from_position, requested_by, requested_at, started_ms, started_at,
-    target_position, finished_at, messages, duration_ms``; a stage that has not happened is NULL.
-    """
-    events = metrics_relation(data_dir, "events")
-
-    def stage(kind: str, columns: str) -> str:
-        return f"""SELECT CAST(details->>'$.seq' AS BIGINT) AS seq, details->>'$.topic' AS topic,
-                          ts_ms, {columns}
-                   FROM {events} WHERE kind = '{kind}'
-                   QUALIFY row_number() OVER (PARTITION BY seq ORDER BY ts_ms DESC) = 1"""
-
-    sql = f"""
-        WITH requested AS ({stage('replay_requested', "details->>'$.from' AS from_position, details->>'$.requested_by' AS requested_by")}),
-        started AS ({stage('replay_started', "details->>'$.from' AS from_position, CAST(details->>'$.target_position' AS BIGINT) AS target_position")}),
-        finished AS ({stage('replay_finished', "CAST(details->>'$.messages' AS BIGINT) AS messages, CAST(details->>'$.duration_ms' AS BIGINT) AS duration_ms")})
-        SELECT coalesce(r.seq, s.seq, f.seq) AS seq, coalesce(r.topic, s.topic, f.topic) AS topic,
-               coalesce(r.from_position, s.from_position) AS from_position, r.requested_by,
-               epoch_ms(r.ts_ms) AS requested_at, s.ts_ms AS started_ms, epoch_ms(s.ts_ms) AS started_at,
-               s.target_position, epoch_ms(f.ts_ms) AS finished_at, f.messages, f.duration_ms
-        FROM requested r
-        FULL OUTER JOIN started s ON s.seq = r.seq
-        FULL OUTER JOIN finished f ON f.seq = coalesce(r.seq, s.seq)
-        ORDER BY seq DESC"""
-    return _frame(connection, sql)

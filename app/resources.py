@@ -9,6 +9,7 @@ watching the same page share one query and no chart is staler than one refresh.
 
 from __future__ import annotations
 
+import importlib
 import time
 from typing import Callable
 
@@ -16,7 +17,7 @@ import duckdb
 import pandas as pd
 import streamlit as st
 
-from app import queries, sources
+from app import sources
 from pipeline.config import Settings, load_settings
 
 REFRESH_SECONDS = 2
@@ -35,13 +36,14 @@ def get_connection() -> duckdb.DuckDBPyConnection:
 
 
 def fetch(query: Callable[..., pd.DataFrame], **params) -> pd.DataFrame:
-    """Run one of :mod:`app.queries` with keyword ``params``, cached for one refresh interval."""
-    return _run_cached(query.__name__, tuple(sorted(params.items())))
+    """Run a query of :mod:`app.queries` or :mod:`app.metric_queries` with keyword ``params``,
+    cached for one refresh interval."""
+    return _run_cached(query.__module__, query.__name__, tuple(sorted(params.items())))
 
 
 @st.cache_data(ttl=REFRESH_SECONDS, show_spinner=False, max_entries=512)
-def _run_cached(query_name: str, params: tuple) -> pd.DataFrame:
-    query = getattr(queries, query_name)
+def _run_cached(module_name: str, query_name: str, params: tuple) -> pd.DataFrame:
+    query = getattr(importlib.import_module(module_name), query_name)
     with get_connection().cursor() as cursor:
         return query(cursor, **dict(params))
 

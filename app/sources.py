@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
+import pandas as pd
 
 from app.catalog import catalog_for
 from pipeline import store
@@ -79,6 +80,14 @@ METRIC_COLUMNS: dict[str, dict[str, str]] = {
     },
     "events": {"ts_ms": "BIGINT", "kind": "VARCHAR", "message": "VARCHAR", "details": "JSON"},
 }
+
+
+Connection = duckdb.DuckDBPyConnection
+
+
+def query_frame(connection: Connection, sql: str, params: dict | None = None) -> pd.DataFrame:
+    """The result of ``sql`` with named ``$params`` as a pandas frame."""
+    return connection.execute(sql, params or {}).df()
 
 
 def connect() -> duckdb.DuckDBPyConnection:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import pandas as pd
 import streamlit as st
 
-from app import console_math, queries
+from app import console_math, metric_queries
 from app.resources import fetch, get_settings, now_ms
 from pipeline.config import Settings
 from pipeline.errors import StatefulStreamsError
@@ -120,8 +120,8 @@ def render_table(frame: pd.DataFrame, column_config: dict | None = None, height:
 def load_job_status(data_dir: Path) -> console_math.JobStatus:
     """The job's status from its newest lifecycle event and its newest batch."""
     return console_math.job_status_from_frames(
-        fetch(queries.load_latest_lifecycle_event, data_dir=data_dir),
-        fetch(queries.load_batches, data_dir=data_dir, limit=1),
+        fetch(metric_queries.load_latest_lifecycle_event, data_dir=data_dir),
+        fetch(metric_queries.load_batches, data_dir=data_dir, limit=1),
         now_ms(),
     )
 

@@ -3,7 +3,7 @@ interval, and the backlog of unread messages per topic."""
 
 import streamlit as st
 
-from app import charts, console_math, queries, views
+from app import charts, console_math, metric_queries, views
 from app.resources import REFRESH_SECONDS, fetch
 
 BATCHES = 300
@@ -21,13 +21,13 @@ st.info(console_math.BACKPRESSURE_DEFINITION, icon=":material/straighten:")
 
 @st.fragment(run_every=REFRESH_SECONDS)
 def render_backpressure() -> None:
-    batches = fetch(queries.load_batches, data_dir=data_dir, limit=BATCHES)
+    batches = fetch(metric_queries.load_batches, data_dir=data_dir, limit=BATCHES)
     if batches.empty:
         views.render_empty_state(f"No micro-batches recorded yet — {views.START_HINT}.")
         return
     batches = console_math.classify_batches(batches)
     latest = batches.iloc[-1]
-    backlog = fetch(queries.load_backlog, data_dir=data_dir, limit=BATCHES)
+    backlog = fetch(metric_queries.load_backlog, data_dir=data_dir, limit=BATCHES)
     orders_backlog = backlog[backlog["topic"] == "orders"]
     growth = console_math.compute_backlog_growth(orders_backlog["ts_ms"].tolist(), orders_backlog["backlog"].tolist())
     levels = batches["level"].value_counts()

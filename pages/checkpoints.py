@@ -4,7 +4,7 @@ take and restore."""
 import pandas as pd
 import streamlit as st
 
-from app import charts, queries, views
+from app import charts, metric_queries, views
 from app.resources import REFRESH_SECONDS, fetch
 from app.sources import DURATION_PHASES
 from pipeline.errors import StatefulStreamsError
@@ -25,12 +25,12 @@ views.render_page_header(
 
 @st.fragment(run_every=REFRESH_SECONDS)
 def render_history() -> None:
-    batches = fetch(queries.load_batches, data_dir=data_dir, limit=HISTORY)
+    batches = fetch(metric_queries.load_batches, data_dir=data_dir, limit=HISTORY)
     if batches.empty:
         views.render_empty_state(f"No committed batches yet — {views.START_HINT}.")
         return
     latest = batches.iloc[-1]
-    restarts = fetch(queries.load_event_counts, data_dir=data_dir).set_index("kind")["events"].get("restart", 0)
+    restarts = fetch(metric_queries.load_event_counts, data_dir=data_dir).set_index("kind")["events"].get("restart", 0)
     views.render_metric_cards([
         views.MetricCard("Last batch", views.format_count(latest["batch_id"]),
                          help=f"The newest committed batch, triggered {views.format_time(latest['trigger_time'])}."),
@@ -70,7 +70,7 @@ def render_history() -> None:
 
 def render_restarts() -> None:
     st.subheader("Starts, restarts and restores")
-    events = fetch(queries.load_events, data_dir=data_dir, kinds=LIFECYCLE, limit=100)
+    events = fetch(metric_queries.load_events, data_dir=data_dir, kinds=LIFECYCLE, limit=100)
     if events.empty:
         views.render_empty_state(f"No job events yet — {views.START_HINT}.")
         return

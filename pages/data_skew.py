@@ -4,7 +4,7 @@ and how rows spread over the source partitions."""
 import pandas as pd
 import streamlit as st
 
-from app import charts, console_math, queries, views
+from app import charts, console_math, metric_queries, queries, views
 from app.resources import REFRESH_SECONDS, fetch
 
 KEY_WINDOW_S = 5 * 60
@@ -53,7 +53,7 @@ def render_key_load() -> bool:
 @st.fragment(run_every=REFRESH_SECONDS)
 def render_stage_skew() -> None:
     st.subheader("Stateful stages")
-    tasks = fetch(queries.load_recent_tasks, data_dir=data_dir, batches=TASK_BATCHES)
+    tasks = fetch(metric_queries.load_recent_tasks, data_dir=data_dir, batches=TASK_BATCHES)
     if tasks.empty:
         views.render_empty_state(f"No task metrics yet; the job writes them for every batch — {views.START_HINT}.")
         return
@@ -80,7 +80,7 @@ def render_stage_skew() -> None:
 
 def render_partitions() -> None:
     st.subheader("Rows per source partition")
-    partitions = fetch(queries.load_partition_rows, data_dir=data_dir, batches=PARTITION_BATCHES)
+    partitions = fetch(metric_queries.load_partition_rows, data_dir=data_dir, batches=PARTITION_BATCHES)
     if partitions.empty:
         views.render_empty_state(f"No batches recorded yet — {views.START_HINT}.")
         return

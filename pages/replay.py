@@ -5,7 +5,7 @@ from datetime import datetime, time, timezone
 
 import streamlit as st
 
-from app import console_math, queries, views
+from app import console_math, metric_queries, views
 from app.resources import REFRESH_SECONDS, fetch
 
 START_OPTIONS = ("the earliest retained message", "a chosen time (UTC)")
@@ -52,7 +52,7 @@ def render_job_status() -> None:
 
 @st.fragment(run_every=REFRESH_SECONDS)
 def render_replays() -> None:
-    replays = fetch(queries.load_replays, data_dir=data_dir)
+    replays = fetch(metric_queries.load_replays, data_dir=data_dir)
     st.subheader("In progress")
     running = replays[replays["finished_at"].isna()]
     if running.empty:
@@ -83,7 +83,7 @@ def render_running_replay(replay) -> None:
         st.info(f"{label}: requested {views.format_time(replay.requested_at)} by {replay.requested_by}; "
                 "waiting for the job to pick it up.", icon=":material/schedule:")
         return
-    positions = fetch(queries.load_topic_positions, data_dir=data_dir, topic=replay.topic, since_ms=int(replay.started_ms))
+    positions = fetch(metric_queries.load_topic_positions, data_dir=data_dir, topic=replay.topic, since_ms=int(replay.started_ms))
     progress = console_math.locate_replay(positions, replay.target_position, generation=int(replay.seq))
     if progress.current_position is None:
         st.info(f"{label}: started {views.format_time(replay.started_at)}; no batch has read it yet.",

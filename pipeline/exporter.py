@@ -70,15 +70,15 @@ def _present(value) -> float | int | None:
 
 def render_metrics(connection, data_dir: Path, now_ms: int) -> str:
     """The exposition text for the metrics store and sinks under ``data_dir``."""
-    from app import console_math, queries  # the console's data layer; it imports no Streamlit
+    from app import console_math, metric_queries, queries  # the console's data layer; no Streamlit
 
-    totals = queries.load_progress_totals(connection, data_dir).iloc[0]
-    newest = queries.load_batches(connection, data_dir, limit=1)
-    state = queries.load_state_by_operator(connection, data_dir)
-    backlog = queries.load_backlog(connection, data_dir, limit=1)
-    events = queries.load_event_counts(connection, data_dir).set_index("kind")["events"]
+    totals = metric_queries.load_progress_totals(connection, data_dir).iloc[0]
+    newest = metric_queries.load_batches(connection, data_dir, limit=1)
+    state = metric_queries.load_state_by_operator(connection, data_dir)
+    backlog = metric_queries.load_backlog(connection, data_dir, limit=1)
+    events = metric_queries.load_event_counts(connection, data_dir).set_index("kind")["events"]
     sinks = queries.load_sink_totals(connection, data_dir, now_ms).set_index("sink")["rows"]
-    status = console_math.job_status_from_frames(queries.load_latest_lifecycle_event(connection, data_dir), newest, now_ms)
+    status = console_math.job_status_from_frames(metric_queries.load_latest_lifecycle_event(connection, data_dir), newest, now_ms)
     batch = newest.iloc[-1] if not newest.empty else None
 
     def latest(column: str) -> list[Sample]:

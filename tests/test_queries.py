@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from app import console_math, queries, sources
+from app import console_math, metric_queries, queries, sources
 from app_fixtures import (ENRICHED_SCHEMA, empty_data_dir, fixture_data, read_metrics,  # noqa: F401 - fixtures
                           read_sink)
 from pipeline import store
@@ -58,7 +58,8 @@ EMPTY_CALLS = {
 
 @pytest.mark.parametrize("name", sorted(EMPTY_CALLS))
 def test_every_query_reads_an_untouched_data_dir_as_empty(connection, empty_data_dir, name):
-    frame = getattr(queries, name)(connection, empty_data_dir, **EMPTY_CALLS[name])
+    module = queries if hasattr(queries, name) else metric_queries
+    frame = getattr(module, name)(connection, empty_data_dir, **EMPTY_CALLS[name])
     assert isinstance(frame, pd.DataFrame)
     numbers = frame.select_dtypes("number").fillna(0)
     if name == "load_latency":
@@ -73,7 +74,8 @@ def test_every_query_reads_an_untouched_data_dir_as_empty(connection, empty_data
 
 
 def test_every_query_is_covered_by_the_empty_dir_test():
-    public = {name for name in dir(queries) if name.startswith("load_") and callable(getattr(queries, name))}
+    public = {name for module in (queries, metric_queries) for name in dir(module)
+              if name.startswith("load_") and getattr(getattr(module, name), "__module__", "") == module.__name__}
     assert public == set(EMPTY_CALLS)
 
 
@@ -222,7 +224,7 @@ def test_key_load_and_the_share_of_the_top_one_percent(connection, fixture_data)
 def test_recent_tasks_and_rows_per_partition(connection, fixture_data):
     data_dir = fixture_data.data_dir
     tasks = pd.DataFrame(read_metrics(data_dir, "tasks"))
-    recent = queries.load_recent_tasks(connection, data_dir, batches=2)
+    recent = metric_queries.load_recent_tasks(connection, data_dir, batches=2)
     newest = sorted(tasks["batch_id"].unique())[-2:]
     assert sorted(recent["batch_id"].unique()) == newest
     assert recent["records"].sum() == tasks[tasks["batch_id"].isin(newest)]["records"].sum()
@@ -234,7 +236,7 @@ def test_recent_tasks_and_rows_per_partition(connection, fixture_data):
             for part in topic["partitions"]:
                 key = (topic["topic"], part["partition"])
                 expected[key] = expected.get(key, 0) + part["rows"]
-    partitions = queries.load_partition_rows(connection, data_dir, batches=10)
+    partitions = metric_queries.load_partition_rows(connection, data_dir, batches=10)
     assert {(r.topic, r.partition): r.rows for r in partitions.itertuples()} == expected
 
 
@@ -245,7 +247,7 @@ def test_batches_skip_the_half_written_line_and_sum_the_state(connection, fixtur
     progress = read_metrics(data_dir, "progress")
     raw_lines = sum(len(p.read_text().splitlines()) for p in store.metrics_dir(data_dir, "progress").glob("*.jsonl"))
     assert raw_lines == len(progress) + 1  # the fixture ends in a half-written line
-    batches = queries.load_batches(connection, data_dir, limit=1000)
+    batches = metric_queries.load_batches(connection, data_dir, limit=1000)
     assert batches["batch_id"].tolist() == [row["batch_id"] for row in progress]
     last, newest = batches.iloc[-1], progress[-1]
     assert last["state_rows"] == sum(op["rows_total"] for op in newest["state"])
@@ -254,13 +256,13 @@ def test_batches_skip_the_half_written_line_and_sum_the_state(connection, fixtur
     assert last["rocksdb_commit_ms"] > 0
     assert last["addBatch_ms"] == newest["duration_ms"]["addBatch"]
     assert last["enriched_rows"] == newest["sink_rows"]["enriched"]
-    totals = queries.load_progress_totals(connection, data_dir).iloc[0]
+    totals = metric_queries.load_progress_totals(connection, data_dir).iloc[0]
     assert (totals["batches"], totals["enriched_rows"]) == (len(progress), fixture_data.enriched_rows)
 
 
 def test_backlog_per_topic(connection, fixture_data):
     newest = read_metrics(fixture_data.data_dir, "progress")[-1]
-    backlog = queries.load_backlog(connection, fixture_data.data_dir, limit=1).set_index("topic")["backlog"]
+    backlog = metric_queries.load_backlog(connection, fixture_data.data_dir, limit=1).set_index("topic")["backlog"]
     for topic in newest["topics"]:
         assert backlog[topic["topic"]] == console_math.compute_backlog(
             topic["end_position"], topic["latest_position"], topic["backlog"])
@@ -269,28 +271,28 @@ def test_backlog_per_topic(connection, fixture_data):
 def test_events_replays_and_state_by_operator(connection, fixture_data):
     data_dir = fixture_data.data_dir
     events = read_metrics(data_dir, "events")
-    loaded = queries.load_events(connection, data_dir)
+    loaded = metric_queries.load_events(connection, data_dir)
     assert loaded["kind"].tolist() == [e["kind"] for e in sorted(events, key=lambda e: e["ts_ms"], reverse=True)]
     assert loaded["details"].iloc[-1] == events[0]["details"]
-    lifecycle = queries.load_latest_lifecycle_event(connection, data_dir)
+    lifecycle = metric_queries.load_latest_lifecycle_event(connection, data_dir)
     assert lifecycle["kind"].tolist() == ["job_started"] and lifecycle["details"][0] == {"run_id": "run-2"}
-    counts = queries.load_event_counts(connection, data_dir).set_index("kind")["events"]
+    counts = metric_queries.load_event_counts(connection, data_dir).set_index("kind")["events"]
     assert counts["restart"] == 1 and counts["replay_started"] == 2
 
-    replays = queries.load_replays(connection, data_dir).set_index("seq")
+    replays = metric_queries.load_replays(connection, data_dir).set_index("seq")
     assert replays.loc[1, "messages"] == next(e["details"]["messages"] for e in events if e["kind"] == "replay_finished")
     assert replays.loc[1, "requested_by"] == "console" and replays.loc[2, "requested_by"] == "cli"
     assert pd.isna(replays.loc[2, "finished_at"]) and replays.loc[2, "from_position"] == "2026-11-21T00:00:00Z"
 
     newest = read_metrics(data_dir, "progress")[-1]
-    operators = queries.load_state_by_operator(connection, data_dir).set_index("operator")["rows_total"]
+    operators = metric_queries.load_state_by_operator(connection, data_dir).set_index("operator")["rows_total"]
     assert operators.to_dict() == {op["operator"]: op["rows_total"] for op in newest["state"]}
 
 
 def test_topic_positions_for_a_replay(connection, fixture_data):
     data_dir = fixture_data.data_dir
     started = next(e for e in read_metrics(data_dir, "events") if e["kind"] == "replay_started" and e["details"]["seq"] == 2)
-    positions = queries.load_topic_positions(connection, data_dir, topic="users", since_ms=started["ts_ms"])
+    positions = metric_queries.load_topic_positions(connection, data_dir, topic="users", since_ms=started["ts_ms"])
     expected = [t["end_position"] for row in read_metrics(data_dir, "progress") if row["ts_ms"] >= started["ts_ms"]
                 for t in row["topics"] if t["topic"] == "users"]
     assert positions["end_position"].tolist() == expected and expected
@@ -303,4 +305,4 @@ def test_a_line_of_the_wrong_shape_is_skipped_not_fatal(connection, tmp_path):
     folder.mkdir(parents=True)
     good = {"ts": "2026-11-22T00:00:00.000Z", "ts_ms": 1, "kind": "job_started", "message": "m", "details": {}}
     (folder / "2026-11-22.jsonl").write_text(json.dumps(good) + "\n" + '{"ts_ms": "not a number", "kind": 3}\n{"ts_ms": 2')
-    assert queries.load_events(connection, tmp_path)["kind"].tolist() == ["job_started"]
+    assert metric_queries.load_events(connection, tmp_path)["kind"].tolist() == ["job_started"]

@@ -1,0 +1,198 @@
+"""The console's DuckDB queries over the metrics store: plain ``(connection, params) -> DataFrame`` functions.
+
+The store is the job's JSON Lines of ``progress`` (one row per micro-batch), ``tasks`` (one
+row per task of each stateful stage) and ``events`` (DESIGN.md §6); :mod:`app.sources` reads
+them, skipping a half-written last line. ``connection`` is a DuckDB connection or cursor;
+``data_dir`` is the job's data dir. Times come back as naive UTC timestamps; ``*_ms``
+columns are epoch milliseconds. A store with no files reads as empty.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from app.console_math import LIFECYCLE_KINDS, compute_backlog
+from app.sources import DURATION_PHASES, Connection, metrics_relation, query_frame
+
+
+def load_recent_tasks(connection: Connection, data_dir: Path, batches: int = 20) -> pd.DataFrame:
+    """Task rows of the newest ``batches`` batches: ``batch_id, stage, stage_id, task, records, duration_ms``."""
+    tasks = metrics_relation(data_dir, "tasks")
+    sql = f"""
+        WITH recent AS (SELECT DISTINCT batch_id FROM {tasks} ORDER BY batch_id DESC LIMIT $batches)
+        SELECT batch_id, stage, stage_id, task, records, duration_ms
+        FROM {tasks} WHERE batch_id IN (SELECT batch_id FROM recent)
+        ORDER BY batch_id, stage, task"""
+    return query_frame(connection, sql, {"batches": int(batches)})
+
+
+def load_partition_rows(connection: Connection, data_dir: Path, batches: int = 100) -> pd.DataFrame:
+    """Rows read per source topic and partition over the newest ``batches`` batches."""
+    sql = f"""
+        WITH recent AS (SELECT topics FROM {metrics_relation(data_dir, 'progress')} ORDER BY ts_ms DESC LIMIT $batches),
+        per_topic AS (SELECT unnest(topics) AS t FROM recent),
+        per_partition AS (SELECT t.topic AS topic, unnest(t.partitions) AS p FROM per_topic)
+        SELECT topic, CAST(p."partition" AS INTEGER) AS "partition", CAST(sum(p."rows") AS BIGINT) AS "rows"
+        FROM per_partition GROUP BY 1, 2 ORDER BY 1, 2"""
+    return query_frame(connection, sql, {"batches": int(batches)})
+
+
+# ----------------------------------------------------------------- batches (progress)
+
+_PHASE_COLUMNS = ", ".join(f'duration_ms."{phase}" AS "{phase}_ms"' for phase in DURATION_PHASES)
+_ROCKSDB_COMMIT_MS = (
+    "list_sum(list_transform(state, lambda s: coalesce(list_sum(list_transform(map_entries(s.custom), "
+    "lambda e: CASE WHEN e.key LIKE 'rocksdbCommit%Latency%' THEN e.value ELSE 0.0 END)), 0.0)))"
+)
+
+
+def load_batches(connection: Connection, data_dir: Path, limit: int = 300) -> pd.DataFrame:
+    """The newest ``limit`` progress rows (one per micro-batch), oldest first.
+
+    Columns: ``batch_id, ts_ms, trigger_time, num_input_rows, input_rows_per_second,
+    processed_rows_per_second, trigger_interval_ms, batch_duration_ms``, one ``<phase>_ms``
+    per duration phase, the state summed over operators (``state_rows, state_rows_updated,
+    state_memory_bytes, state_commit_ms, rocksdb_commit_ms`` = the sum of the RocksDB commit
+    phases ``rocksdbCommit*Latency*``: flush, compact, checkpoint, file sync), ``state_size_bytes``
+    and the rows each sink got.
+    """
+    sql = f"""
+        SELECT * FROM (
+            SELECT batch_id, ts_ms, epoch_ms(ts_ms) AS trigger_time, num_input_rows,
+                   input_rows_per_second, processed_rows_per_second, trigger_interval_ms,
+                   batch_duration_ms, {_PHASE_COLUMNS},
+                   CAST(list_sum(list_transform(state, lambda s: s.rows_total)) AS BIGINT) AS state_rows,
+                   CAST(list_sum(list_transform(state, lambda s: s.rows_updated)) AS BIGINT) AS state_rows_updated,
+                   CAST(list_sum(list_transform(state, lambda s: s.memory_bytes)) AS BIGINT) AS state_memory_bytes,
+                   CAST(list_sum(list_transform(state, lambda s: s.commit_ms)) AS BIGINT) AS state_commit_ms,
+                   CAST({_ROCKSDB_COMMIT_MS} AS DOUBLE) AS rocksdb_commit_ms,
+                   state_size_bytes,
+                   sink_rows.enriched AS enriched_rows, sink_rows.missing_state AS missing_rows,
+                   sink_rows.dead_letter AS dead_letter_rows
+            FROM {metrics_relation(data_dir, 'progress')}
+            ORDER BY ts_ms DESC LIMIT $limit
+        ) ORDER BY ts_ms"""
+    return query_frame(connection, sql, {"limit": int(limit)})
+
+
+def load_state_by_operator(connection: Connection, data_dir: Path) -> pd.DataFrame:
+    """The state of each operator in the newest batch: ``operator, rows_total, memory_bytes, commit_ms``."""
+    sql = f"""
+        WITH newest AS (SELECT state FROM {metrics_relation(data_dir, 'progress')} ORDER BY ts_ms DESC LIMIT 1),
+        operators AS (SELECT unnest(state) AS s FROM newest)
+        SELECT s.operator AS operator, s.rows_total AS rows_total, s.memory_bytes AS memory_bytes,
+               s.commit_ms AS commit_ms
+        FROM operators ORDER BY operator"""
+    return query_frame(connection, sql)
+
+
+def load_backlog(connection: Connection, data_dir: Path, limit: int = 300) -> pd.DataFrame:
+    """Per topic and batch over the newest ``limit`` batches: positions and the backlog.
+
+    Columns ``ts_ms, trigger_time, batch_id, topic, generation, rows, end_position,
+    latest_position, backlog`` (see :func:`app.console_math.compute_backlog`), oldest first.
+    """
+    sql = f"""
+        WITH recent AS (SELECT ts_ms, batch_id, topics FROM {metrics_relation(data_dir, 'progress')}
+                        ORDER BY ts_ms DESC LIMIT $limit),
+        per_topic AS (SELECT ts_ms, batch_id, unnest(topics) AS t FROM recent)
+        SELECT ts_ms, epoch_ms(ts_ms) AS trigger_time, batch_id, t.topic AS topic,
+               t.generation AS generation, t."rows" AS "rows", t.end_position AS end_position,
+               t.latest_position AS latest_position, t.backlog AS reported_backlog
+        FROM per_topic ORDER BY ts_ms, topic"""
+    frame = query_frame(connection, sql, {"limit": int(limit)})
+    frame["backlog"] = pd.array(
+        [
+            compute_backlog(end, latest, reported)
+            for end, latest, reported in zip(frame["end_position"], frame["latest_position"], frame["reported_backlog"])
+        ],
+        dtype="Int64",
+    )
+    return frame.drop(columns=["reported_backlog"])
+
+
+def load_progress_totals(connection: Connection, data_dir: Path) -> pd.DataFrame:
+    """Sums over every progress row: ``batches, last_batch_id`` and rows per sink."""
+    sql = f"""
+        SELECT count(*) AS batches, max(batch_id) AS last_batch_id,
+               CAST(coalesce(sum(sink_rows.enriched), 0) AS BIGINT) AS enriched_rows,
+               CAST(coalesce(sum(sink_rows.missing_state), 0) AS BIGINT) AS missing_rows,
+               CAST(coalesce(sum(sink_rows.dead_letter), 0) AS BIGINT) AS dead_letter_rows
+        FROM {metrics_relation(data_dir, 'progress')}"""
+    return query_frame(connection, sql)
+
+
+def load_topic_positions(connection: Connection, data_dir: Path, topic: str, since_ms: int) -> pd.DataFrame:
+    """A topic's positions in every batch from ``since_ms`` on.
+
+    Columns ``ts_ms, batch_id, generation, rows, end_position, latest_position``, oldest first.
+    """
+    sql = f"""
+        WITH per_topic AS (SELECT ts_ms, batch_id, unnest(topics) AS t
+                           FROM {metrics_relation(data_dir, 'progress')} WHERE ts_ms >= $since_ms)
+        SELECT ts_ms, batch_id, t.generation AS generation, t."rows" AS "rows", t.end_position AS end_position,
+               t.latest_position AS latest_position
+        FROM per_topic WHERE t.topic = $topic ORDER BY ts_ms"""
+    return query_frame(connection, sql, {"topic": topic, "since_ms": int(since_ms)})
+
+
+# -------------------------------------------------------------------------- events
+
+
+def load_events(connection: Connection, data_dir: Path, kinds: tuple[str, ...] | None = None, limit: int = 200) -> pd.DataFrame:
+    """The newest events (newest first): ``ts_ms, time, kind, message, details`` (a dict)."""
+    kind_filter = "kind IN (SELECT unnest($kinds))" if kinds else "true"
+    sql = f"""
+        SELECT ts_ms, epoch_ms(ts_ms) AS time, kind, message, CAST(details AS VARCHAR) AS details
+        FROM {metrics_relation(data_dir, 'events')}
+        WHERE {kind_filter} ORDER BY ts_ms DESC LIMIT $limit"""
+    params: dict[str, Any] = {"limit": int(limit)}
+    if kinds:
+        params["kinds"] = list(kinds)
+    frame = query_frame(connection, sql, params)
+    frame["details"] = [json.loads(text) if isinstance(text, str) else {} for text in frame["details"]]
+    return frame
+
+
+def load_latest_lifecycle_event(connection: Connection, data_dir: Path) -> pd.DataFrame:
+    """The newest of job_started / restart / job_failed / job_stopped, as a one-row frame."""
+    return load_events(connection, data_dir, kinds=LIFECYCLE_KINDS, limit=1)
+
+
+def load_event_counts(connection: Connection, data_dir: Path) -> pd.DataFrame:
+    """Events of each kind over the whole store: ``kind, events``."""
+    sql = f"SELECT kind, count(*) AS events FROM {metrics_relation(data_dir, 'events')} GROUP BY 1 ORDER BY 1"
+    return query_frame(connection, sql)
+
+
+def load_replays(connection: Connection, data_dir: Path) -> pd.DataFrame:
+    """One row per replay ``seq``, newest first, from its requested / started / finished events.
+
+    Columns: ``seq, topic, from_position, requested_by, requested_at, started_ms, started_at,
+    target_position, finished_at, messages, duration_ms``; a stage that has not happened is NULL.
+    """
+    events = metrics_relation(data_dir, "events")
+
+    def stage(kind: str, columns: str) -> str:
+        return f"""SELECT CAST(details->>'$.seq' AS BIGINT) AS seq, details->>'$.topic' AS topic,
+                          ts_ms, {columns}
+                   FROM {events} WHERE kind = '{kind}'
+                   QUALIFY row_number() OVER (PARTITION BY seq ORDER BY ts_ms DESC) = 1"""
+
+    sql = f"""
+        WITH requested AS ({stage('replay_requested', "details->>'$.from' AS from_position, details->>'$.requested_by' AS requested_by")}),
+        started AS ({stage('replay_started', "details->>'$.from' AS from_position, CAST(details->>'$.target_position' AS BIGINT) AS target_position")}),
+        finished AS ({stage('replay_finished', "CAST(details->>'$.messages' AS BIGINT) AS messages, CAST(details->>'$.duration_ms' AS BIGINT) AS duration_ms")})
+        SELECT coalesce(r.seq, s.seq, f.seq) AS seq, coalesce(r.topic, s.topic, f.topic) AS topic,
+               coalesce(r.from_position, s.from_position) AS from_position, r.requested_by,
+               epoch_ms(r.ts_ms) AS requested_at, s.ts_ms AS started_ms, epoch_ms(s.ts_ms) AS started_at,
+               s.target_position, epoch_ms(f.ts_ms) AS finished_at, f.messages, f.duration_ms
+        FROM requested r
+        FULL OUTER JOIN started s ON s.seq = r.seq
+        FULL OUTER JOIN finished f ON f.seq = coalesce(r.seq, s.seq)
+        ORDER BY seq DESC"""
+    return query_frame(connection, sql)
