@@ -7,14 +7,18 @@ import duckdb
 from pipeline import store
 
 
+def has_files(data_dir, sink: str) -> bool:
+    return any(store.sink_dir(data_dir, sink).glob("*/*.parquet"))
+
+
 def count(data_dir, sink: str) -> int:
-    if not store.sink_dir(data_dir, sink).exists():
+    if not has_files(data_dir, sink):
         return 0
     return duckdb.sql(f"select count(*) from read_parquet('{store.sink_glob(data_dir, sink)}')").fetchall()[0][0]
 
 
 def rows(data_dir, sink: str, columns: str = "*") -> list[dict]:
-    if not store.sink_dir(data_dir, sink).exists():
+    if not has_files(data_dir, sink):
         return []
     rel = duckdb.sql(f"select {columns} from read_parquet('{store.sink_glob(data_dir, sink)}')")
     return [dict(zip(rel.columns, r)) for r in rel.fetchall()]

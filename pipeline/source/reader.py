@@ -245,14 +245,19 @@ def find_position_before(service_url: str, topic: str, partition: str, time_ms: 
 
 
 def last_message_id(service_url: str, topic: str, partition: str) -> str | None:
-    """The id of the newest message, via a short-lived subscription (None for an empty topic).
+    """The id of the newest message (None for an empty topic).
 
+    The broker answers with the last *entry*; when that entry is a batch, its messages are read
+    to find the last one, so a reader started after the answer skips the whole batch.
     The Python client has no non-durable subscriptions, so the probe unsubscribes at once,
     leaving no cursor behind that would hold messages on Apache Pulsar.
     """
+    import pulsar
+
     client = pulsar_client(service_url)
+    name = partition_topic(topic, partition)
     try:
-        consumer = client.subscribe(partition_topic(topic, partition), f"ss-probe-{time.time_ns()}")
+        consumer = client.subscribe(name, f"ss-probe-{time.time_ns()}")
     except Exception as exc:
         raise SourceError(f"cannot probe the last message of {topic!r}: {exc}") from exc
     try:
@@ -266,4 +271,17 @@ def last_message_id(service_url: str, topic: str, partition: str) -> str | None:
             consumer.close()
     if mid.entry_id() < 0:
         return None
-    return id_text(mid)
+    last = id_text(mid)
+    reader = client.create_reader(name, pulsar.MessageId(mid.partition(), mid.ledger_id(), mid.entry_id(), -1),
+                                  start_message_id_inclusive=True)
+    try:
+        while True:
+            try:
+                found = reader.read_next(500).message_id()
+            except pulsar.Timeout:
+                return last
+            if (found.ledger_id(), found.entry_id()) != (mid.ledger_id(), mid.entry_id()):
+                return last
+            last = id_text(found)
+    finally:
+        reader.close()
