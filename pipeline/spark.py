@@ -42,8 +42,6 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
         # Keep enough batches around that a savepoint can always copy a committed version.
         .config("spark.sql.streaming.minBatchesToRetain", "20")
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.python.worker.reuse", "true")
@@ -51,6 +49,9 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
         # Spark's stop path runs a deep regex over long Python tracebacks; give threads room.
         .config("spark.driver.extraJavaOptions", "-Xss16m")
     )
+    if settings["spark.master"].startswith("local"):
+        # Loopback only on one machine; on a cluster the workers must reach the driver.
+        builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
