@@ -123,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", help="reuse or keep this data dir instead of a temporary one")
     args = parser.parse_args(argv)
 
+    load_before = os.getloadavg()[0]
     temporary = args.data_dir is None
     data_dir = Path(args.data_dir or tempfile.mkdtemp(prefix="bench-console-")) / "data"
     try:
@@ -139,7 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         if temporary:
             shutil.rmtree(data_dir.parent, ignore_errors=True)
 
+    load_after = os.getloadavg()[0]
     print(f"\ndata: {json.dumps(generated)}")
+    print(f"machine: {os.cpu_count()} cpus, load average {load_before:.1f} before and {load_after:.1f} after "
+          "(other processes slow every figure alike; compare with the baseline)")
     print(f"baseline ({baseline['query']}): first {baseline['first_s']:.3f} s, median {baseline['median_s']:.3f} s\n")
     print(f"{'page':<22}{'cold s':>9}{'warm s':>9}{'cached s':>10}{'warm/baseline':>15}  under {LIMIT_S} s")
     for page, timing in pages.items():
@@ -150,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
           f"history): {search['warm_s']:.3f} s (rerun after typing the id, query cache empty)")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({
-        "limit_s": LIMIT_S, "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "limit_s": LIMIT_S, "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "load_average_before": round(load_before, 2), "load_average_after": round(load_after, 2)},
         "data": generated, "baseline": baseline, "pages": pages, "missing_state_search": search,
     }, indent=2) + "\n")
     print(f"\nwrote {RESULTS.relative_to(ROOT)}")

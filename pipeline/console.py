@@ -4,7 +4,8 @@ The console process loads its own settings (``app.resources.get_settings``) from
 environment, so :func:`serve_console` passes every loaded setting down as its ``SS_*``
 variable; a TOML file or ``--set`` flag given to the CLI therefore reaches the console too.
 Streamlit binds ``app.address``:``app.port`` (127.0.0.1:8501 by default; config refuses a
-non-loopback address without an admin token), runs headless and sends no usage statistics.
+non-loopback address without an admin token), runs headless, sends no usage statistics, and
+gets SIGTERM when the process that started it dies.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pipeline.broker import _die_with_parent
 from pipeline.config import CONFIG_FILE_ENV, KEYS, Settings
 from pipeline.errors import StatefulStreamsError
 
@@ -56,7 +58,8 @@ def serve_console(settings: Settings) -> int:
     command, env = build_console_command(settings)
     print(f"console: http://{settings['app.address']}:{settings['app.port']} (data dir {settings.data_dir})", flush=True)
     try:
-        process = subprocess.Popen(command, env=env, cwd=PROJECT_ROOT)
+        # The console dies with this process, however it ends (SIGTERM, kill -9), as the broker does.
+        process = subprocess.Popen(command, env=env, cwd=PROJECT_ROOT, preexec_fn=_die_with_parent)
     except OSError as exc:
         raise StatefulStreamsError(f"cannot start streamlit ({exc}); install it with: pip install -r requirements.txt") from exc
     try:

@@ -36,3 +36,37 @@ def test_the_console_process_loads_the_same_settings(tmp_path, monkeypatch):
     assert reloaded.values == {**settings.values, "paths.data_dir": str(settings.data_dir)}
     assert reloaded.data_dir.is_absolute() and reloaded["job.trigger_interval"] == 0.25
     assert str(ROOT) in env["PYTHONPATH"].split(":")
+
+
+def test_python_m_pipeline_app_serves_the_console_and_takes_it_down_with_it(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    from pipeline.broker import find_free_port, port_is_open
+    from waiting import wait_for
+
+    port = find_free_port()
+    env = {name: value for name, value in os.environ.items() if not name.startswith("SS_")}
+    parent = subprocess.Popen([sys.executable, "-m", "pipeline", "--data-dir", str(tmp_path), "--set", f"app.port={port}", "app"],
+                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def healthy() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=1) as response:
+                return response.read() == b"ok"
+        except OSError:
+            return False
+
+    try:
+        wait_for(lambda: parent.poll() is not None or healthy(), timeout=60, what="the console to answer")
+        assert parent.poll() is None and healthy()
+        parent.send_signal(signal.SIGTERM)
+        parent.wait(timeout=10)
+        wait_for(lambda: not port_is_open("127.0.0.1", port), timeout=20, what="streamlit to stop with its parent")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
