@@ -24,14 +24,14 @@ views.render_page_header(
 )
 
 
-def render_key_load() -> bool:
-    """Hot users and items; False when there are no orders yet."""
+def render_key_load() -> None:
+    """Hot users and items in the newest minutes."""
     st.subheader("Orders per key")
     totals = fetch(queries.load_sink_spans, data_dir=data_dir).set_index("sink")
     newest_ms = totals.loc[["enriched", "missing_state"], "newest_ms"].max()
     if pd.isna(newest_ms):
         views.render_empty_state(f"No orders yet, so no keys to rank — {views.START_HINT}.")
-        return False
+        return
     load = fetch(queries.load_key_load, data_dir=data_dir, window_end_ms=int(newest_ms),
                  window_s=KEY_WINDOW_S, limit=HOT_KEYS, top_fraction=TOP_FRACTION)
     loads = {key: load[load["key"] == key] for key in ("user", "item")}
@@ -47,7 +47,6 @@ def render_key_load() -> bool:
             border=True,
         )
         column.plotly_chart(charts.build_hot_keys_chart(load, key), key=f"hot_{key}")
-    return True
 
 
 @st.fragment(run_every=REFRESH_SECONDS)

@@ -21,6 +21,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Iterable
 
+import pandas as pd
+
+from app import console_math, metric_queries, queries  # the console's data layer; it imports no Streamlit
+from app.sources import connect
 from pipeline.config import Settings
 from pipeline.errors import StatefulStreamsError
 
@@ -63,21 +67,17 @@ def _value(row, column: str) -> float | int | None:
 
 def _present(value) -> float | int | None:
     """The value, or None for the frames' missing markers (None, NaN, pd.NA)."""
-    import pandas as pd
-
     return None if pd.isna(value) else value
 
 
 def render_metrics(connection, data_dir: Path, now_ms: int) -> str:
     """The exposition text for the metrics store and sinks under ``data_dir``."""
-    from app import console_math, metric_queries, queries  # the console's data layer; no Streamlit
-
     totals = metric_queries.load_progress_totals(connection, data_dir).iloc[0]
     newest = metric_queries.load_batches(connection, data_dir, limit=1)
     state = metric_queries.load_state_by_operator(connection, data_dir)
     backlog = metric_queries.load_backlog(connection, data_dir, limit=1)
     events = metric_queries.load_event_counts(connection, data_dir).set_index("kind")["events"]
-    sinks = queries.load_sink_totals(connection, data_dir, now_ms).set_index("sink")["rows"]
+    sinks = queries.load_sink_spans(connection, data_dir).set_index("sink")["rows"]
     status = console_math.job_status_from_frames(metric_queries.load_latest_lifecycle_event(connection, data_dir), newest, now_ms)
     batch = newest.iloc[-1] if not newest.empty else None
 
@@ -128,8 +128,6 @@ def render_metrics(connection, data_dir: Path, now_ms: int) -> str:
 
 def build_exporter(settings: Settings, port: int) -> ThreadingHTTPServer:
     """An HTTP server on 127.0.0.1:``port`` (0 = any free port) serving ``/metrics``; not started."""
-    from app.sources import connect
-
     connection = connect()
     data_dir = settings.data_dir
 
