@@ -51,12 +51,19 @@ RESULTS = ROOT / "bench" / "results" / "console.json"
 def generate(data_dir: Path, orders: int) -> dict:
     started = time.perf_counter()
     per_batch = -(-int(orders / ENRICHED_SHARE) // BATCHES)
-    summary = write_data_dir(data_dir, batches=BATCHES, orders_per_batch=per_batch, users=200_000, items=20_000)
-    files = sum(1 for _ in store.sinks_dir(data_dir).rglob("*.parquet"))
-    size = sum(path.stat().st_size for path in data_dir.rglob("*") if path.is_file())
-    return {"enriched_rows": summary.enriched_rows, "missing_rows": summary.missing_rows,
-            "dead_letter_rows": summary.dead_letter_rows, "batches": BATCHES, "parquet_files": files,
-            "bytes": size, "seconds": round(time.perf_counter() - started, 1)}
+    write_data_dir(data_dir, batches=BATCHES, orders_per_batch=per_batch, users=200_000, items=20_000)
+    return {**describe(data_dir), "generated_in_s": round(time.perf_counter() - started, 1)}
+
+
+def describe(data_dir: Path) -> dict:
+    """Rows per sink, batch folders, Parquet files and bytes of a data dir."""
+    with duckdb.connect() as connection:
+        rows = {f"{sink}_rows": connection.execute(
+                    f"SELECT count(*) FROM read_parquet('{store.sink_glob(data_dir, sink)}')").fetchone()[0]
+                for sink in store.SINKS}
+    return {**rows, "batches": len(list(store.sink_dir(data_dir, "enriched").glob("batch=*"))),
+            "parquet_files": sum(1 for _ in store.sinks_dir(data_dir).rglob("*.parquet")),
+            "bytes": sum(path.stat().st_size for path in data_dir.rglob("*") if path.is_file())}
 
 
 def time_baseline(data_dir: Path, repeats: int) -> dict:
@@ -128,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     data_dir = Path(args.data_dir or tempfile.mkdtemp(prefix="bench-console-")) / "data"
     try:
         if store.sinks_dir(data_dir).exists():
-            generated = {"reused": str(data_dir)}
+            generated = {**describe(data_dir), "reused": str(data_dir)}
         else:
             print(f"generating ~{args.orders:,} enriched orders in {data_dir} …", flush=True)
             generated = generate(data_dir, args.orders)
