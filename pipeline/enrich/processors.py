@@ -21,6 +21,7 @@ from pyspark.sql import Row
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from pipeline.enrich import rules
+from pipeline.enrich.bucket_state import LatestRecords
 
 EnvelopeRow = Row(*rules.ENVELOPE_FIELDS)
 TIMER_GRANULARITY_MS = 100  # fewer distinct timers; an order may wait up to 100 ms longer
@@ -41,7 +42,8 @@ class _Lookup(StatefulProcessor):
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
-        self.latest = handle.getMapState("latest", "id long", "record string")
+        self.meta = handle.getValueState("meta", "token string, waiting int")
+        self.records = LatestRecords(self.changelog, handle.getMapState("latest", "id long", "record string"), self.meta)
         self.waiting = handle.getMapState("waiting", "id long", "orders string")
 
     # -- what differs between the two lookups
@@ -55,20 +57,24 @@ class _Lookup(StatefulProcessor):
     # -- Spark callbacks
     def handleInputRows(self, key, rows: Iterator[Row], timerValues) -> Iterator[Row]:
         now_ms = timerValues.getCurrentProcessingTimeInMs()
+        self.records.open(key[0])
         for env in rules.sorted_rows(row.asDict() for row in rows):
             if rules.passes_through(env, self.changelog):
                 yield to_row(self.pass_through(env))
             elif env["op"] == "upsert":
                 ident = env[self.id_field]
-                self.latest.updateValue((ident,), (env["record"],))
-                yield from self._release(ident, env["record"], now_ms)
+                self.records.put(ident, env["record"])
+                if self.records.waiting_ids:
+                    yield from self._release(ident, env["record"], now_ms)
             elif env["op"] == "delete":
-                self.latest.removeKey((env[self.id_field],))
+                self.records.delete(env[self.id_field])
             else:
                 yield from self._lookup(env, now_ms)
+        self.records.close()
 
     def handleExpiredTimer(self, key, timerValues, expiredTimerInfo) -> Iterator[Row]:
         now_ms = timerValues.getCurrentProcessingTimeInMs()
+        emptied = 0
         for (ident,), (text,) in list(self.waiting.iterator()):
             waiting = rules.WaitingOrders.load(text)
             expired = waiting.split_expired(now_ms, self.max_wait_ms)
@@ -78,8 +84,13 @@ class _Lookup(StatefulProcessor):
                 self.waiting.updateValue((ident,), (waiting.dump(),))
             else:
                 self.waiting.removeKey((ident,))
+                emptied += 1
             for env in expired:
                 yield to_row(self.complete(env, None, now_ms))
+        meta = self.meta.get()
+        if emptied and meta:
+            # The records did not change, so the token (and every worker's cache) stays valid.
+            self.meta.update((meta[0], max(0, meta[1] - emptied)))
 
     def close(self) -> None:
         pass
@@ -89,11 +100,12 @@ class _Lookup(StatefulProcessor):
         ident = env[self.id_field]
         if env["first_seen_ms"] is None:
             env["first_seen_ms"] = now_ms
-        found = self.latest.getValue((ident,))
-        record = found[0] if found else None
+        record = self.records.get(ident)
         outcome = rules.lookup_outcome(record is not None, now_ms - env["first_seen_ms"], self.max_wait_ms)
         if outcome == rules.WAIT:
             held = self.waiting.getValue((ident,))
+            if held is None:
+                self.records.add_waiting(1)
             waiting = rules.WaitingOrders.load(held[0] if held else None)
             waiting.add(env)
             self.waiting.updateValue((ident,), (waiting.dump(),))
@@ -108,6 +120,7 @@ class _Lookup(StatefulProcessor):
             return
         held = self.waiting.getValue((ident,))
         self.waiting.removeKey((ident,))
+        self.records.add_waiting(-1)
         for env in rules.WaitingOrders.load(held[0] if held else None).entries:
             yield to_row(self.complete(env, record, now_ms))
 
