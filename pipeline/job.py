@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+from functools import partial
 import re
 import signal
 import threading
@@ -48,7 +49,8 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
     """Start the streaming query (returns the StreamingQuery)."""
     from pipeline.enrich.parse import parser
     from pipeline.enrich.processors import ItemLookup, UserLookup
-    from pipeline.enrich.rules import ENVELOPE_SPARK_SCHEMA
+    from pipeline.enrich.rules import ENVELOPE_SPARK_SCHEMA, unpack
+    from pipeline.sinks import WIDE_SPARK_SCHEMA, wide_batches
     from pipeline.source.datasource import PulsarDataSource
 
     spark.dataSource.register(PulsarDataSource)
@@ -60,19 +62,21 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
               .option("controlDir", str(store.replay_requests_dir(data_dir))).load())
     # {"kind": "orders", "topic": …, "partition": -1, "message_id": "0:5:-1:2", "position": 42, "key": "1001", "value": b"…"}
     envelopes = source.mapInArrow(parser(settings["job.buckets"]), ENVELOPE_SPARK_SCHEMA)
-    # {"op": "order", "user_bucket": 3, "item_bucket": 9, "user_id": 17, "item_id": 4, "record": "{…}", …}
+    # {"user_bucket": 3, "item_bucket": 9, "body": pickle({"op": "order", "user_id": 17, "record": {…}, …})}
     with_user = envelopes.groupBy("user_bucket").transformWithState(
         UserLookup(settings.max_wait_ms), ENVELOPE_SPARK_SCHEMA, "Append", "ProcessingTime")
-    # {…, "user_record": "{…}" | None, "user_state": "found" | "missing", "first_seen_ms": …}
+    # body += {"user_record": {…} | None, "user_state": "found" | "missing", "first_seen_ms": …}
     final = with_user.groupBy("item_bucket").transformWithState(
         ItemLookup(settings.max_wait_ms), ENVELOPE_SPARK_SCHEMA, "Append", "ProcessingTime")
-    # {…, "item_record": "{…}" | None, "sink": "enriched" | "missing_state" | "dead_letter", "reason": …}
+    # body += {"item_record": {…} | None, "sink": "enriched" | "missing_state" | "dead_letter", "reason": …}
+    rows = final.mapInArrow(partial(wide_batches, unpack=unpack), WIDE_SPARK_SCHEMA)
+    # {"sink": "enriched", "invoice_id": 7, …, "user_first_name": "Ada", …, "error": None}
 
     def write_batch(batch_df, batch_id: int) -> None:
-        writer.write_envelopes(batch_df.toArrow().to_pylist(), batch_id)
+        writer.write_wide(batch_df.toArrow(), batch_id)
 
     interval_ms = int(settings["job.trigger_interval"] * 1000)
-    return (final.writeStream.queryName("enrichment").foreachBatch(write_batch)
+    return (rows.writeStream.queryName("enrichment").foreachBatch(write_batch)
             .option("checkpointLocation", str(store.checkpoint_dir(data_dir)))
             .trigger(processingTime=f"{interval_ms} milliseconds").start())
 

@@ -14,12 +14,12 @@ only rows of committed micro-batches, each once, even right after ``kill -9``. H
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -58,37 +58,74 @@ def _time(ms: int | None) -> int | None:
     return None if ms is None or ms < 0 else ms
 
 
-def to_sink_row(env: dict, batch_id: int, now_ms: int) -> tuple[str, dict]:
-    """One final envelope as (sink name, row of that sink's schema)."""
-    source = {"batch_id": batch_id, "source_topic": env["topic"], "source_partition": env["partition"],
-              "source_message_id": env["message_id"]}
+# The union of the three sinks' columns, as Spark carries them from the executors (times as
+# epoch ms). The driver adds batch_id and the write time, then splits and types per sink.
+WIDE_SPARK_SCHEMA = (
+    "sink string, invoice_id long, line_item_id long, user_id long, item_id long, price double, created_at long, "
+    "paid_at long, user_first_name string, user_last_name string, user_email string, user_created_at long, "
+    "item_name string, item_category string, item_adjective string, item_modifier string, item_price double, "
+    "reason string, waited_ms long, published_at long, source_topic string, source_partition int, "
+    "source_message_id string, redrive_of string, key string, payload string, error string"
+)
+WIDE_FIELDS = tuple(part.strip().split(" ")[0] for part in WIDE_SPARK_SCHEMA.split(","))
+_WIDE_TYPES = {"string": pa.string(), "long": pa.int64(), "int": pa.int32(), "double": pa.float64()}
+WIDE_ARROW_SCHEMA = pa.schema([(part.strip().split(" ")[0], _WIDE_TYPES[part.strip().split(" ")[1]])
+                               for part in WIDE_SPARK_SCHEMA.split(",")])
+ADDED_ON_DRIVER = ("batch_id", "enriched_at", "detected_at")
+
+
+def to_wide_row(env: dict) -> dict:
+    """One final envelope as a row of the wide schema (see WIDE_SPARK_SCHEMA)."""
+    row = {"sink": env["sink"], "source_topic": env["topic"], "source_partition": env["partition"],
+           "source_message_id": env["message_id"], "published_at": env["published_ms"]}
     if env["sink"] == "dead_letter":
-        return "dead_letter", {**source, "key": env["key"], "payload": env["payload_text"], "error": env["error"],
-                               "published_at": env["published_ms"], "detected_at": now_ms}
-    order = json.loads(env["record"])
-    row = {"invoice_id": order["invoiceId"], "line_item_id": order["lineItemId"], "user_id": order["userId"],
-           "item_id": order["itemId"], "price": order["price"], "created_at": _time(order["createdAt"]),
-           "paid_at": _time(order["paidAt"]), "waited_ms": env["waited_ms"], "published_at": env["published_ms"],
-           "redrive_of": env["redrive_of"], **source}
+        row.update(key=env["key"], payload=env["payload_text"], error=env["error"])
+        return row
+    order = env["record"]
+    row.update(invoice_id=order["invoiceId"], line_item_id=order["lineItemId"], user_id=order["userId"],
+               item_id=order["itemId"], price=order["price"], created_at=_time(order["createdAt"]),
+               paid_at=_time(order["paidAt"]), waited_ms=env["waited_ms"], redrive_of=env["redrive_of"])
     if env["sink"] == "missing_state":
-        row.update(item_name=order["itemName"], item_category=order["itemCategory"], reason=env["reason"],
-                   detected_at=now_ms)
-        return "missing_state", row
-    user, item = json.loads(env["user_record"]), json.loads(env["item_record"])
+        row.update(item_name=order["itemName"], item_category=order["itemCategory"], reason=env["reason"])
+        return row
+    user, item = env["user_record"], env["item_record"]
     row.update(user_first_name=user["firstName"], user_last_name=user["lastName"], user_email=user["emailAddress"],
                user_created_at=_time(user["createdAt"]), item_name=item["name"], item_category=item["category"],
-               item_adjective=item["adjective"], item_modifier=item["modifier"], item_price=item["price"],
-               enriched_at=now_ms)
-    return "enriched", row
+               item_adjective=item["adjective"], item_modifier=item["modifier"], item_price=item["price"])
+    return row
 
 
-def build_tables(envelopes: list[dict], batch_id: int, now_ms: int) -> dict[str, pa.Table]:
-    """The rows of each sink for one batch, as Arrow tables of the sink schemas (empty ones left out)."""
-    rows: dict[str, list[dict]] = {name: [] for name in SCHEMAS}
-    for env in envelopes:
-        name, row = to_sink_row(env, batch_id, now_ms)
-        rows[name].append(row)
-    return {name: pa.Table.from_pylist(batch, schema=SCHEMAS[name]) for name, batch in rows.items() if batch}
+def wide_batches(batches, unpack) -> "Iterator[pa.RecordBatch]":
+    """mapInArrow function (executors): envelope batches -> wide sink-row batches."""
+    for batch in batches:
+        columns: dict[str, list] = {name: [] for name in WIDE_FIELDS}
+        for body in batch.column("body").to_pylist():
+            row = to_wide_row(unpack(body))
+            for name in WIDE_FIELDS:
+                columns[name].append(row.get(name))
+        yield pa.RecordBatch.from_pydict(columns, schema=WIDE_ARROW_SCHEMA)
+
+
+def split_wide(table: pa.Table, batch_id: int, now_ms: int) -> dict[str, pa.Table]:
+    """The driver's part: one typed table per sink, with batch_id and the write time added."""
+    import pyarrow.compute as pc
+
+    tables = {}
+    for name, schema in SCHEMAS.items():
+        part = table.filter(pc.equal(table["sink"], name))
+        if part.num_rows == 0:
+            continue
+        columns = []
+        for field in schema:
+            if field.name == "batch_id":
+                column = pa.array([batch_id] * part.num_rows, pa.int64())
+            elif field.name in ("enriched_at", "detected_at"):
+                column = pa.array([now_ms] * part.num_rows, pa.int64()).cast(field.type)
+            else:
+                column = part[field.name].cast(field.type)
+            columns.append(column)
+        tables[name] = pa.Table.from_arrays(columns, schema=schema)
+    return tables
 
 
 class SinkWriter:
@@ -123,8 +160,9 @@ class SinkWriter:
             self.last_counts.pop(min(self.last_counts))
         return counts
 
-    def write_envelopes(self, envelopes: list[dict], batch_id: int) -> dict[str, int]:
-        return self.stage_batch(build_tables(envelopes, batch_id, int(time.time() * 1000)), batch_id)
+    def write_wide(self, table: pa.Table, batch_id: int) -> dict[str, int]:
+        """foreachBatch body: split the batch's wide rows per sink and stage them."""
+        return self.stage_batch(split_wide(table, batch_id, int(time.time() * 1000)), batch_id)
 
     def staged_batches(self) -> dict[str, list[int]]:
         found: dict[str, list[int]] = {}

@@ -13,20 +13,21 @@ Lifecycle: ``open`` once per bucket per call, then ``get``/``put``/``delete``, t
 
 from __future__ import annotations
 
+import pickle
 import uuid
 
-_CACHE: dict[tuple[str, int], tuple[str, dict[int, str]]] = {}
+_CACHE: dict[tuple[str, int], tuple[str, dict[int, dict]]] = {}
 _DELETED = object()
 
 
 class LatestRecords:
-    """id -> latest record (JSON text) of one bucket of one lookup."""
+    """id -> latest record (a checked wire record; pickled in the state store) of one bucket of one lookup."""
 
     def __init__(self, lookup: str, latest_state, meta_state):
         self.lookup = lookup
         self.latest_state, self.meta_state = latest_state, meta_state
         self.bucket: int | None = None
-        self.records: dict[int, str] = {}
+        self.records: dict[int, dict] = {}
         self.pending: dict[int, object] = {}
         self.token: str | None = None
         self.waiting_ids = 0  # ids of this bucket with orders waiting for them
@@ -43,12 +44,12 @@ class LatestRecords:
         elif cached is not None and cached[0] == self.token:
             self.records = cached[1]
         else:
-            self.records = {key[0]: value[0] for key, value in self.latest_state.iterator()}
+            self.records = {key[0]: pickle.loads(value[0]) for key, value in self.latest_state.iterator()}
 
-    def get(self, ident: int) -> str | None:
+    def get(self, ident: int) -> dict | None:
         return self.records.get(ident)
 
-    def put(self, ident: int, record: str) -> None:
+    def put(self, ident: int, record: dict) -> None:
         self.records[ident] = record
         self.pending[ident] = record
 
@@ -66,7 +67,7 @@ class LatestRecords:
             if record is _DELETED:
                 self.latest_state.removeKey((ident,))
             else:
-                self.latest_state.updateValue((ident,), (record,))
+                self.latest_state.updateValue((ident,), (pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL),))
         if self.pending or self.meta_changed:
             self.token = uuid.uuid4().hex if self.pending or self.token is None else self.token
             self.meta_state.update((self.token, self.waiting_ids))

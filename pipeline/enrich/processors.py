@@ -23,12 +23,12 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from pipeline.enrich import rules
 from pipeline.enrich.bucket_state import LatestRecords
 
-EnvelopeRow = Row(*rules.ENVELOPE_FIELDS)
+EnvelopeRow = Row("user_bucket", "item_bucket", "body")
 TIMER_GRANULARITY_MS = 100  # fewer distinct timers; an order may wait up to 100 ms longer
 
 
 def to_row(env: dict) -> Row:
-    return EnvelopeRow(*(env[name] for name in rules.ENVELOPE_FIELDS))
+    return EnvelopeRow(env["user_bucket"], env["item_bucket"], rules.pack(env))
 
 
 class _Lookup(StatefulProcessor):
@@ -43,12 +43,12 @@ class _Lookup(StatefulProcessor):
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
         self.meta = handle.getValueState("meta", "token string, waiting int")
-        self.records = LatestRecords(self.changelog, handle.getMapState("latest", "id long", "record string"), self.meta)
-        self.waiting = handle.getMapState("waiting", "id long", "orders string")
+        self.records = LatestRecords(self.changelog, handle.getMapState("latest", "id long", "record binary"), self.meta)
+        self.waiting = handle.getMapState("waiting", "id long", "orders binary")
 
     # -- what differs between the two lookups
     @abstractmethod
-    def complete(self, env: dict, record: str | None, now_ms: int) -> dict:
+    def complete(self, env: dict, record: dict | None, now_ms: int) -> dict:
         """The envelope of an order whose lookup is done (record is None when missing)."""
 
     def pass_through(self, env: dict) -> dict:
@@ -58,7 +58,7 @@ class _Lookup(StatefulProcessor):
     def handleInputRows(self, key, rows: Iterator[Row], timerValues) -> Iterator[Row]:
         now_ms = timerValues.getCurrentProcessingTimeInMs()
         self.records.open(key[0])
-        for env in rules.sorted_rows(row.asDict() for row in rows):
+        for env in rules.sorted_rows(rules.unpack(row[2]) for row in rows):
             if rules.passes_through(env, self.changelog):
                 yield to_row(self.pass_through(env))
             elif env["op"] == "upsert":
@@ -114,7 +114,7 @@ class _Lookup(StatefulProcessor):
             return
         yield to_row(self.complete(env, record, now_ms))
 
-    def _release(self, ident: int, record: str, now_ms: int) -> Iterator[Row]:
+    def _release(self, ident: int, record: dict, now_ms: int) -> Iterator[Row]:
         """Orders that waited for this id are completed now that its state arrived."""
         if not self.waiting.containsKey((ident,)):
             return
@@ -130,7 +130,7 @@ class UserLookup(_Lookup):
 
     changelog, id_field = "users", "user_id"
 
-    def complete(self, env: dict, record: str | None, now_ms: int) -> dict:
+    def complete(self, env: dict, record: dict | None, now_ms: int) -> dict:
         out = dict(env)
         out["user_record"] = record
         out["user_state"] = rules.FOUND if record is not None else rules.MISSING
@@ -142,7 +142,7 @@ class ItemLookup(_Lookup):
 
     changelog, id_field = "items", "item_id"
 
-    def complete(self, env: dict, record: str | None, now_ms: int) -> dict:
+    def complete(self, env: dict, record: dict | None, now_ms: int) -> dict:
         return rules.finish_order(env, record, now_ms)
 
     def pass_through(self, env: dict) -> dict:

@@ -188,7 +188,7 @@ class PartitionCursor:
         del self._ledgers[:drop], self._entries[:drop], self._batches[:drop]
         self.base_n = n
 
-    def poll(self, budget_s: float = 0.2, first_wait_ms: int = 20) -> int:
+    def poll(self, budget_s: float = 1.0, first_wait_ms: int = 20) -> int:
         """Read ahead for up to ``budget_s`` or until nothing more is there; returns rows read."""
         import pulsar
 
