@@ -52,7 +52,8 @@ def find_binary() -> Path:
     return binary
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:
+    """``preexec_fn`` for children that must not outlive us: SIGTERM when the parent dies."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -105,7 +106,7 @@ class EmbeddedBroker:
                 [str(binary), "--config", str(config), "--addr", f"127.0.0.1:{self.port}",
                  "--db-path", str(self.broker_dir / "db"), "--log-level", "warn"],
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-                cwd=str(self.broker_dir), preexec_fn=_die_with_parent,
+                cwd=str(self.broker_dir), preexec_fn=die_with_parent,
             )
         finally:
             log.close()

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.broker import _die_with_parent
+from pipeline.broker import die_with_parent
 from pipeline.config import CONFIG_FILE_ENV, KEYS, Settings
 from pipeline.errors import StatefulStreamsError
 
@@ -59,7 +59,7 @@ def serve_console(settings: Settings) -> int:
     print(f"console: http://{settings['app.address']}:{settings['app.port']} (data dir {settings.data_dir})", flush=True)
     try:
         # The console dies with this process, however it ends (SIGTERM, kill -9), as the broker does.
-        process = subprocess.Popen(command, env=env, cwd=PROJECT_ROOT, preexec_fn=_die_with_parent)
+        process = subprocess.Popen(command, env=env, cwd=PROJECT_ROOT, preexec_fn=die_with_parent)
     except OSError as exc:
         raise StatefulStreamsError(f"cannot start streamlit ({exc}); install it with: pip install -r requirements.txt") from exc
     try:

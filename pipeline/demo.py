@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.broker import _die_with_parent, running_embedded_url
+from pipeline.broker import die_with_parent, running_embedded_url
 from pipeline.config import Settings
 from pipeline.errors import BrokerError
 
@@ -32,7 +32,7 @@ class Processes:
     def start(self, name: str, *args: str, quiet: bool = True) -> subprocess.Popen:
         log = open(self.logs / f"{name}.log", "ab") if quiet else None
         child = subprocess.Popen([sys.executable, "-m", "pipeline", *args], env=self.env, stdout=log, stderr=log,
-                                 stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+                                 stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
         self.children.append((name, child))
         print(f"started {name} (pid {child.pid}); log: {self.logs / (name + '.log') if quiet else 'this terminal'}")
         return child

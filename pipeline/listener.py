@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pyspark.sql.streaming import StreamingQueryListener
 
-from pipeline import metrics
+from pipeline import metrics, store
 from pipeline.metrics import MetricsStore
 from pipeline.sinks import SinkWriter
 
@@ -72,8 +72,10 @@ class JobListener(StreamingQueryListener):
             state = self.replays.setdefault(seq, {})
             if "started" not in state:
                 state["started"] = row["ts_ms"]
-                self.store.event("replay_started", f"replay #{seq} of {topic['topic']} started",
-                                 seq=seq, topic=topic["topic"], target_position=None)
+                request = _replay_request(self.store.data_dir, seq)
+                self.store.event("replay_started", f"replay #{seq} of {topic['topic']} started from "
+                                 f"{request.get('from', 'earliest')}", seq=seq, topic=topic["topic"],
+                                 target_position=topic["latest_position"], **{"from": request.get("from", "earliest")})
             if not topic["replaying"] and "finished" not in state:
                 state["finished"] = row["ts_ms"]
                 self.store.event("replay_finished", f"replay #{seq} of {topic['topic']} re-applied "
@@ -103,6 +105,13 @@ class JobListener(StreamingQueryListener):
 def _get_json(url: str):
     with urllib.request.urlopen(url, timeout=5) as response:
         return json.loads(response.read())
+
+
+def _replay_request(data_dir: Path, seq: int) -> dict:
+    try:
+        return json.loads((store.replay_requests_dir(data_dir) / f"{seq:08d}.json").read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def _replay_state(data_dir: Path) -> dict[int, dict]:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 
-from pipeline.broker import _die_with_parent
+from pipeline.broker import die_with_parent
 from pipeline.job import run_forever
 
 
@@ -32,7 +32,7 @@ class JobProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SS_")}
         self.proc = subprocess.Popen([sys.executable, "-m", "pipeline", *cli_args(settings), "run"],
                                      stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL, env=env,
-                                     start_new_session=True, preexec_fn=_die_with_parent)
+                                     start_new_session=True, preexec_fn=die_with_parent)
 
     def kill9(self) -> None:
         """A crash: SIGKILL to the job and its JVM and Python workers at once."""

@@ -32,8 +32,8 @@ def test_kill_9_three_times_keeps_every_order_exactly_once(settings_factory, tmp
         time.sleep(rng.uniform(0.0, 2.0))  # the random moment of the crash, not a synchronisation
         job.kill9()
         # Right after a crash a glob reader sees no duplicate.
-        invoices = invoices(data_dir, "enriched") + invoices(data_dir, "missing_state")
-        assert len(invoices) == len(set(invoices)), f"duplicates visible after crash {crash + 1}"
+        visible = invoices(data_dir, "enriched") + invoices(data_dir, "missing_state")
+        assert len(visible) == len(set(visible)), f"duplicates visible after crash {crash + 1}"
     job = JobProcess(settings, tmp_path / "final.log")
     try:
         wait_for(lambda: len(invoices(data_dir, "enriched")) + len(invoices(data_dir, "missing_state")) >= ORDERS,

@@ -163,7 +163,9 @@ class PartitionCursor:
         # Its own connection: on pulsar-lite 0.2.0 a caught-up reader stops being sent new
         # messages once another reader on the same connection receives one.
         self._client = new_client(service_url)
+        self._service_url = service_url
         self._reader = open_reader(service_url, partition_topic(topic, partition), start_id, client=self._client)
+        self._idle_polls = 0
 
     @property
     def known_n(self) -> int:
@@ -210,7 +212,27 @@ class PartitionCursor:
             self._batches.append(mid.batch_index())
             read += 1
             wait_ms = 2  # the receiver queue is warm; a short wait means we reached the end
+        self._idle_polls = 0 if read else self._idle_polls + 1
+        if self._idle_polls and self._idle_polls % 3 == 0 and len(self._ledgers) < self.max_ahead:
+            self._reopen_if_stalled()
         return read
+
+    def _reopen_if_stalled(self) -> None:
+        """Reopen the reader at the newest id seen if the broker has messages it does not deliver.
+
+        Seen once on pulsar-lite after a crash-restart: a reader that stays idle while its topic
+        holds unread messages. Asking costs one round trip every third idle poll.
+        """
+        try:
+            waiting = self._reader.has_message_available()
+        except Exception:  # pulsar-lite raises on an empty topic
+            return
+        if waiting:
+            log.warning("reader on %r partition %s stalled; reopening at %s", self.topic, self.partition,
+                        self.id_at(self.known_n))
+            self._reader.close()
+            self._reader = open_reader(self._service_url, partition_topic(self.topic, self.partition),
+                                       self.id_at(self.known_n), client=self._client)
 
     def close(self) -> None:
         for closeable in (self._reader, self._client):
