@@ -2,8 +2,8 @@
 
 ``python -m pipeline run`` calls :func:`run_forever`. The query plan is one chain::
 
-    pulsar source ─ mapInArrow(parse) ─ groupBy(user_bucket).transformWithState(UserLookup)
-                  ─ groupBy(item_bucket).transformWithState(ItemLookup) ─ foreachBatch(stage sinks)
+    pulsar source ─ mapInArrow(parse) ─ groupBy(user_bucket).transformWithStateInPandas(UserLookup)
+                  ─ groupBy(item_bucket).transformWithStateInPandas(ItemLookup) ─ foreachBatch(sinks)
 
 On failure the query restarts from its last checkpoint up to ``job.restart.attempts`` times,
 ``job.restart.delay`` apart; each attempt is an event. Sink or checkpoint path errors stop the
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-from functools import partial
 import re
 import signal
 import threading
@@ -49,8 +48,7 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
     """Start the streaming query (returns the StreamingQuery)."""
     from pipeline.enrich.parse import parser
     from pipeline.enrich.processors import ItemLookup, UserLookup
-    from pipeline.enrich.rules import ENVELOPE_SPARK_SCHEMA, unpack
-    from pipeline.sinks import WIDE_SPARK_SCHEMA, wide_batches
+    from pipeline.enrich.rules import ENVELOPE_SPARK_SCHEMA
     from pipeline.source.datasource import PulsarDataSource
 
     spark.dataSource.register(PulsarDataSource)
@@ -62,15 +60,13 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
               .option("controlDir", str(store.replay_requests_dir(data_dir))).load())
     # {"kind": "orders", "topic": …, "partition": -1, "message_id": "0:5:-1:2", "position": 42, "key": "1001", "value": b"…"}
     envelopes = source.mapInArrow(parser(settings["job.buckets"]), ENVELOPE_SPARK_SCHEMA)
-    # {"user_bucket": 3, "item_bucket": 9, "body": pickle({"op": "order", "user_id": 17, "record": {…}, …})}
-    with_user = envelopes.groupBy("user_bucket").transformWithState(
+    # {"kind": "orders", "op": "order", "user_bucket": 17, "item_bucket": 4, "user_id": 17, "invoice_id": 1001, …}
+    with_user = envelopes.groupBy("user_bucket").transformWithStateInPandas(
         UserLookup(settings.max_wait_ms), ENVELOPE_SPARK_SCHEMA, "Append", "ProcessingTime")
-    # body += {"user_record": {…} | None, "user_state": "found" | "missing", "first_seen_ms": …}
-    final = with_user.groupBy("item_bucket").transformWithState(
+    # += {"user_first_name": "Ada", …, "user_state": "found" | "missing", "first_seen_ms": …}
+    rows = with_user.groupBy("item_bucket").transformWithStateInPandas(
         ItemLookup(settings.max_wait_ms), ENVELOPE_SPARK_SCHEMA, "Append", "ProcessingTime")
-    # body += {"item_record": {…} | None, "sink": "enriched" | "missing_state" | "dead_letter", "reason": …}
-    rows = final.mapInArrow(partial(wide_batches, unpack=unpack), WIDE_SPARK_SCHEMA)
-    # {"sink": "enriched", "invoice_id": 7, …, "user_first_name": "Ada", …, "error": None}
+    # += {"item_name": "…", …, "sink": "enriched" | "missing_state" | "dead_letter", "reason": …, "waited_ms": …}
 
     def write_batch(batch_df, batch_id: int) -> None:
         writer.write_wide(batch_df.toArrow(), batch_id)

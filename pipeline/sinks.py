@@ -19,8 +19,6 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Iterator
-
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -53,61 +51,14 @@ SCHEMAS = {
 }
 
 
-def _time(ms: int | None) -> int | None:
-    """Epoch ms as a timestamp value; the Java model's -1 (none) becomes null."""
-    return None if ms is None or ms < 0 else ms
-
-
-# The union of the three sinks' columns, as Spark carries them from the executors (times as
-# epoch ms). The driver adds batch_id and the write time, then splits and types per sink.
-WIDE_SPARK_SCHEMA = (
-    "sink string, invoice_id long, line_item_id long, user_id long, item_id long, price double, created_at long, "
-    "paid_at long, user_first_name string, user_last_name string, user_email string, user_created_at long, "
-    "item_name string, item_category string, item_adjective string, item_modifier string, item_price double, "
-    "reason string, waited_ms long, published_at long, source_topic string, source_partition int, "
-    "source_message_id string, redrive_of string, key string, payload string, error string"
-)
-WIDE_FIELDS = tuple(part.strip().split(" ")[0] for part in WIDE_SPARK_SCHEMA.split(","))
-_WIDE_TYPES = {"string": pa.string(), "long": pa.int64(), "int": pa.int32(), "double": pa.float64()}
-WIDE_ARROW_SCHEMA = pa.schema([(part.strip().split(" ")[0], _WIDE_TYPES[part.strip().split(" ")[1]])
-                               for part in WIDE_SPARK_SCHEMA.split(",")])
-ADDED_ON_DRIVER = ("batch_id", "enriched_at", "detected_at")
-
-
-def to_wide_row(env: dict) -> dict:
-    """One final envelope as a row of the wide schema (see WIDE_SPARK_SCHEMA)."""
-    row = {"sink": env["sink"], "source_topic": env["topic"], "source_partition": env["partition"],
-           "source_message_id": env["message_id"], "published_at": env["published_ms"]}
-    if env["sink"] == "dead_letter":
-        row.update(key=env["key"], payload=env["payload_text"], error=env["error"])
-        return row
-    order = env["record"]
-    row.update(invoice_id=order["invoiceId"], line_item_id=order["lineItemId"], user_id=order["userId"],
-               item_id=order["itemId"], price=order["price"], created_at=_time(order["createdAt"]),
-               paid_at=_time(order["paidAt"]), waited_ms=env["waited_ms"], redrive_of=env["redrive_of"])
-    if env["sink"] == "missing_state":
-        row.update(item_name=order["itemName"], item_category=order["itemCategory"], reason=env["reason"])
-        return row
-    user, item = env["user_record"], env["item_record"]
-    row.update(user_first_name=user["firstName"], user_last_name=user["lastName"], user_email=user["emailAddress"],
-               user_created_at=_time(user["createdAt"]), item_name=item["name"], item_category=item["category"],
-               item_adjective=item["adjective"], item_modifier=item["modifier"], item_price=item["price"])
-    return row
-
-
-def wide_batches(batches, unpack) -> "Iterator[pa.RecordBatch]":
-    """mapInArrow function (executors): envelope batches -> wide sink-row batches."""
-    for batch in batches:
-        columns: dict[str, list] = {name: [] for name in WIDE_FIELDS}
-        for body in batch.column("body").to_pylist():
-            row = to_wide_row(unpack(body))
-            for name in WIDE_FIELDS:
-                columns[name].append(row.get(name))
-        yield pa.RecordBatch.from_pydict(columns, schema=WIDE_ARROW_SCHEMA)
+# Columns a sink takes from another envelope column: a missing-state row keeps the item name
+# and category the order itself carried (an enriched row gets them from the item).
+RENAMED = {"missing_state": {"item_name": "order_item_name", "item_category": "order_item_category"}}
 
 
 def split_wide(table: pa.Table, batch_id: int, now_ms: int) -> dict[str, pa.Table]:
-    """The driver's part: one typed table per sink, with batch_id and the write time added."""
+    """One typed table per sink from the final envelope rows (``sink`` says which), with
+    batch_id and the write time added. Times arrive as epoch ms."""
     import pyarrow.compute as pc
 
     tables = {}
@@ -122,7 +73,7 @@ def split_wide(table: pa.Table, batch_id: int, now_ms: int) -> dict[str, pa.Tabl
             elif field.name in ("enriched_at", "detected_at"):
                 column = pa.array([now_ms] * part.num_rows, pa.int64()).cast(field.type)
             else:
-                column = part[field.name].cast(field.type)
+                column = part[RENAMED.get(name, {}).get(field.name, field.name)].cast(field.type)
             columns.append(column)
         tables[name] = pa.Table.from_arrays(columns, schema=schema)
     return tables

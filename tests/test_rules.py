@@ -1,7 +1,6 @@
 """Pure enrichment rules: outcomes, reasons, buffering, routing (no Spark)."""
 
-import json
-
+import pandas as pd
 import pytest
 
 from pipeline import wire
@@ -24,17 +23,25 @@ def test_missing_reason_checks_both(user_found, item_found, reason):
 
 
 def _meta(position=1):
-    return {"topic": "persistent://public/default/orders", "partition": -1, "message_id": f"0:{position}:-1:-1",
-            "position": position, "key": "k", "published_ms": 1000, "redrive_of": None}
+    return {"source_topic": "persistent://public/default/orders", "source_partition": -1,
+            "source_message_id": f"0:{position}:-1:-1", "position": position, "key": "k", "published_at": 1000,
+            "redrive_of": None}
 
 
 def test_route_order_user_item_and_tombstone():
     env = rules.route_message("orders", "1", wire.encode(order(1, 17, 4)), _meta(), 8)
     assert (env["op"], env["user_id"], env["item_id"], env["user_bucket"], env["item_bucket"]) == ("order", 17, 4, 1, 4)
+    assert (env["invoice_id"], env["order_item_name"]) == (1, order(1, 17, 4)["itemName"])
     env = rules.route_message("users", "17", wire.encode(user(17)), _meta(), 8)
     assert (env["op"], env["user_id"], env["user_bucket"]) == ("upsert", 17, 1)
+    assert env["user_first_name"] == user(17)["firstName"] and env["item_id"] == 0
     env = rules.route_message("items", "4", b"", _meta(), 8)
-    assert (env["op"], env["item_id"]) == ("delete", 4)
+    assert (env["op"], env["item_id"], env["item_bucket"]) == ("delete", 4, 4)
+
+
+def test_java_none_times_become_null():
+    env = rules.route_message("orders", "1", wire.encode({**order(1, 17, 4), "paidAt": -1}), _meta(), 8)
+    assert env["paid_at"] is None and env["created_at"] is not None
 
 
 @pytest.mark.parametrize("kind,payload,error", [
@@ -52,12 +59,12 @@ def test_bad_messages_become_dead_letters(kind, payload, error):
     env = rules.route_message(kind, "k", payload, _meta(), 8)
     assert env["op"] == "dead"
     assert error in env["error"] and "\n" not in env["error"]
-    assert env["payload_text"] is not None
+    assert env["payload"] is not None
 
 
 def test_non_utf8_payload_is_kept_as_base64():
     env = rules.route_message("orders", "k", b"\xff\xfe", _meta(), 8)
-    assert env["payload_text"] == "base64://4="
+    assert env["payload"] == "base64://4="
 
 
 def test_tombstone_with_bad_key_is_dead():
@@ -65,11 +72,37 @@ def test_tombstone_with_bad_key_is_dead():
     assert env["op"] == "dead" and "tombstone key" in env["error"]
 
 
+def _frame(rows):
+    frame = pd.DataFrame([{**dict.fromkeys(rules.ENVELOPE_FIELDS), "source_partition": -1, **row} for row in rows])
+    return frame[list(rules.ENVELOPE_FIELDS)]
+
+
 def test_changelog_sorts_before_orders_in_read_order():
-    rows = [{"op": "order", "partition": -1, "position": 1}, {"op": "upsert", "partition": -1, "position": 9},
-            {"op": "upsert", "partition": -1, "position": 3}, {"op": "delete", "partition": -1, "position": 5}]
-    assert [(r["op"], r["position"]) for r in rules.sorted_rows(rows)] == [
-        ("upsert", 3), ("delete", 5), ("upsert", 9), ("order", 1)]
+    frame = _frame([{"op": "order", "position": 1}, {"op": "upsert", "position": 9},
+                    {"op": "upsert", "position": 3}, {"op": "delete", "position": 5}])
+    ordered = rules.in_apply_order(frame)
+    assert list(zip(ordered["op"], ordered["position"])) == [("upsert", 3), ("delete", 5), ("upsert", 9), ("order", 1)]
+
+
+def test_latest_change_per_id_wins_and_tombstones_delete():
+    frame = _frame([{"kind": "users", "op": "upsert", "user_id": 1, "user_first_name": "a", "position": 1},
+                    {"kind": "users", "op": "upsert", "user_id": 2, "user_first_name": "b", "position": 2},
+                    {"kind": "users", "op": "upsert", "user_id": 1, "user_first_name": "c", "position": 3},
+                    {"kind": "users", "op": "delete", "user_id": 2, "position": 4}])
+    latest = rules.latest_changes(frame, "user_id", "users")
+    assert latest == {1: ("c", None, None, None), 2: None}
+
+
+def test_pass_through_is_dead_letters_and_the_other_changelog():
+    frame = _frame([{"kind": "items", "op": "upsert"}, {"kind": "users", "op": "upsert"},
+                    {"kind": "orders", "op": "dead"}, {"kind": "orders", "op": "order"}])
+    assert rules.passes_through(frame, "users").tolist() == [True, False, True, False]
+
+
+def test_attach_state_fills_found_records_and_nulls():
+    frame = _frame([{"op": "order", "item_id": 4}, {"op": "order", "item_id": 5}])
+    out = rules.attach_state(frame, [("n", "c", "a", "m", 2.5), None], "items")
+    assert out["item_name"].tolist() == ["n", None] and out["item_price"].tolist() == [2.5, None]
 
 
 def test_waiting_orders_expire_at_the_deadline():
@@ -81,14 +114,15 @@ def test_waiting_orders_expire_at_the_deadline():
     assert [e["n"] for e in rules.WaitingOrders.load(waiting.dump()).entries] == [2]
 
 
-def test_finish_order_routes_and_measures_wait():
-    env = dict.fromkeys(rules.ENVELOPE_FIELDS)
-    env.update(first_seen_ms=1000, user_state="found")
-    done = rules.finish_order(env, json.dumps(item(1)), 4000)
-    assert (done["sink"], done["reason"], done["waited_ms"]) == ("enriched", None, 3000)
-    env.update(user_state="missing")
-    done = rules.finish_order(env, None, 4000)
-    assert (done["sink"], done["reason"]) == ("missing_state", "user_and_item")
+def test_finish_orders_routes_and_measures_wait():
+    frame = _frame([{"op": "order", "first_seen_ms": 1000, "user_state": "found"},
+                    {"op": "order", "first_seen_ms": 1000, "user_state": "missing"},
+                    {"op": "order", "first_seen_ms": 2500, "user_state": "missing"},
+                    {"op": "order", "first_seen_ms": 1000, "user_state": "found"}])
+    done = rules.finish_orders(frame, pd.Series([True, False, True, False]), 4000)
+    assert done["sink"].tolist() == ["enriched", "missing_state", "missing_state", "missing_state"]
+    assert done["reason"].tolist() == [None, "user_and_item", "user", "item"]
+    assert done["waited_ms"].tolist() == [3000, 3000, 1500, 3000]
 
 
 def test_redrive_property():

@@ -11,37 +11,55 @@ import base64
 import json
 import pickle
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
 
 from pipeline import wire
 
 FOUND, WAIT, MISSING = "found", "wait", "missing"
 Outcome = Literal["found", "wait", "missing"]
 
-# The envelope: the one row shape between the parse step, both lookups and the sinks.
-# {"kind": "orders", "op": "order", "user_bucket": 3, "item_bucket": 9, "user_id": 17, "item_id": 4,
-#  "record": "{…}", "error": None, "topic": "persistent://…", "partition": -1, "message_id": "0:5:-1:2",
-#  "position": 42, "key": "1001", "payload_text": None, "published_ms": 1700000000000, "redrive_of": None,
-#  "first_seen_ms": None, "user_record": None, "user_state": None, "item_record": None,
-#  "sink": None, "reason": None, "waited_ms": None}
-ENVELOPE_FIELDS = (
-    "kind", "op", "user_bucket", "item_bucket", "user_id", "item_id", "record", "error", "topic", "partition",
-    "message_id", "position", "key", "payload_text", "published_ms", "redrive_of", "first_seen_ms",
-    "user_record", "user_state", "item_record", "sink", "reason", "waited_ms",
+# The envelope: the one row shape between the parse step, both lookups and the sinks. It is
+# columnar (Spark hands each lookup a pandas DataFrame per key bucket), and it is already the
+# union of the three sinks' columns, so the last lookup's output is what the sinks write.
+# Changelog rows carry their record in the same user_*/item_* columns an enriched order gets.
+# {"kind": "orders", "op": "order", "user_bucket": 3, "item_bucket": 9, "source_topic": "persistent://…",
+#  "source_partition": -1, "source_message_id": "0:5:-1:2", "position": 42, "key": "1001",
+#  "published_at": 1700000000000, "redrive_of": None, "error": None, "payload": None,
+#  "invoice_id": 1001, "line_item_id": 1, "user_id": 17, "item_id": 4, "price": 9.5, "created_at": …,
+#  "paid_at": None, "order_item_name": "…", "order_item_category": "…", "user_first_name": None, …,
+#  "item_price": None, "first_seen_ms": None, "user_state": None, "sink": None, "reason": None, "waited_ms": None}
+ENVELOPE_SPARK_SCHEMA = (
+    "kind string, op string, user_bucket int, item_bucket int, source_topic string, source_partition int, "
+    "source_message_id string, position long, key string, published_at long, redrive_of string, error string, "
+    "payload string, invoice_id long, line_item_id long, user_id long, item_id long, price double, "
+    "created_at long, paid_at long, order_item_name string, order_item_category string, "
+    "user_first_name string, user_last_name string, user_email string, user_created_at long, "
+    "item_name string, item_category string, item_adjective string, item_modifier string, item_price double, "
+    "first_seen_ms long, user_state string, sink string, reason string, waited_ms long"
 )
-# Between Spark stages an envelope travels as its two grouping keys and one pickled body:
-# Spark's Row-based transformWithState worker converts every cell on its own, so three
-# columns cost a fraction of twenty-three.
-ENVELOPE_SPARK_SCHEMA = "user_bucket int, item_bucket int, body binary"
+ENVELOPE_FIELDS = tuple(part.strip().split(" ")[0] for part in ENVELOPE_SPARK_SCHEMA.split(","))
+# Wire field -> envelope column, per topic. Ids are never null in the envelope (0 where unused):
+# Spark hands a long column with nulls to pandas as float64, which would round big ids.
+RECORD_COLUMNS = {
+    "orders": {"invoiceId": "invoice_id", "lineItemId": "line_item_id", "userId": "user_id", "itemId": "item_id",
+               "price": "price", "createdAt": "created_at", "paidAt": "paid_at", "itemName": "order_item_name",
+               "itemCategory": "order_item_category"},
+    "users": {"id": "user_id", "firstName": "user_first_name", "lastName": "user_last_name",
+              "emailAddress": "user_email", "createdAt": "user_created_at"},
+    "items": {"id": "item_id", "name": "item_name", "category": "item_category", "adjective": "item_adjective",
+              "modifier": "item_modifier", "price": "item_price"},
+}
+# What each lookup keeps in state per id: the columns it adds to an order.
+STATE_COLUMNS = {
+    "users": ("user_first_name", "user_last_name", "user_email", "user_created_at"),
+    "items": ("item_name", "item_category", "item_adjective", "item_modifier", "item_price"),
+}
+ID_COLUMNS = ("invoice_id", "line_item_id", "user_id", "item_id")
+TIME_COLUMNS = ("created_at", "paid_at", "user_created_at")  # the Java model's -1 means none
 REDRIVE_PROPERTY = "redrive-of"
-
-
-def pack(env: dict) -> bytes:
-    return pickle.dumps(env, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def unpack(body: bytes) -> dict:
-    return pickle.loads(body)
 
 
 def bucket_of(identifier: int, buckets: int) -> int:
@@ -60,9 +78,14 @@ def payload_text(payload: bytes | None) -> str | None:
 
 
 def route_message(kind: str, key: str | None, payload: bytes | None, meta: dict[str, Any], buckets: int) -> dict:
-    """Validate one source message and turn it into an envelope (op upsert/delete/order/dead)."""
+    """Validate one source message and turn it into an envelope row (op upsert/delete/order/dead).
+
+    ``meta`` holds the source columns: source_topic, source_partition, source_message_id,
+    position, key, published_at, redrive_of.
+    """
     env = dict.fromkeys(ENVELOPE_FIELDS)
     env.update(meta)
+    env.update(dict.fromkeys(ID_COLUMNS, 0))
     env["kind"] = kind
     spread = (meta.get("position") or 0) % buckets  # rows that hold no key of a lookup
     env["user_bucket"] = env["item_bucket"] = spread
@@ -70,21 +93,21 @@ def route_message(kind: str, key: str | None, payload: bytes | None, meta: dict[
         record = wire.parse_payload(kind, payload)
         if record is None:
             env["op"] = "delete"
-            ident = wire.tombstone_key(key)
+            env["user_id" if kind == "users" else "item_id"] = wire.tombstone_key(key)
         else:
             env["op"] = "order" if kind == "orders" else "upsert"
-            env["record"] = record
-            ident = record["id"] if kind != "orders" else None
+            for name, column in RECORD_COLUMNS[kind].items():
+                env[column] = record[name]
     except wire.BadMessage as exc:
-        env["op"], env["error"], env["payload_text"] = "dead", str(exc), payload_text(payload)
+        env["op"], env["error"], env["payload"] = "dead", str(exc), payload_text(payload)
         return env
-    if kind == "users":
-        env["user_id"], env["user_bucket"] = ident, bucket_of(ident, buckets)
-    elif kind == "items":
-        env["item_id"], env["item_bucket"] = ident, bucket_of(ident, buckets)
-    else:
-        env["user_id"], env["item_id"] = record["userId"], record["itemId"]
-        env["user_bucket"], env["item_bucket"] = bucket_of(record["userId"], buckets), bucket_of(record["itemId"], buckets)
+    for column in TIME_COLUMNS:
+        if env[column] is not None and env[column] < 0:
+            env[column] = None
+    if kind in ("users", "orders"):
+        env["user_bucket"] = bucket_of(env["user_id"], buckets)
+    if kind in ("items", "orders"):
+        env["item_bucket"] = bucket_of(env["item_id"], buckets)
     return env
 
 
@@ -96,11 +119,6 @@ def redrive_of(properties_json: str | None) -> str | None:
         return json.loads(properties_json).get(REDRIVE_PROPERTY)
     except (ValueError, AttributeError):
         return None
-
-
-def apply_order(env: dict) -> tuple:
-    """Sort key inside one lookup group: changelog messages first, each partition in read order."""
-    return (1 if env["op"] in ("order", "dead") else 0, env["partition"] or 0, env["position"] or 0)
 
 
 def lookup_outcome(found: bool, waited_ms: int, max_wait_ms: int) -> Outcome:
@@ -129,7 +147,7 @@ def deadline_ms(first_seen_ms: int, max_wait_ms: int) -> int:
 class WaitingOrders:
     """Orders waiting for one key's state, as stored in one MapState entry.
 
-    ``entries`` are envelopes with ``first_seen_ms`` set; the whole list is one (pickled) state value.
+    ``entries`` are envelope rows (dicts) with ``first_seen_ms`` set; the list is one pickled value.
     """
 
     entries: list[dict] = field(default_factory=list)
@@ -154,37 +172,65 @@ class WaitingOrders:
         return min((deadline_ms(e["first_seen_ms"], max_wait_ms) for e in self.entries), default=None)
 
 
-def finish_order(env: dict, item_record: dict | None, now_ms: int) -> dict:
-    """The final envelope of an order after both lookups: routed to enriched or missing_state."""
-    user_found = env["user_state"] == FOUND
-    item_found = item_record is not None
-    out = dict(env)
-    out["item_record"] = item_record
-    out["waited_ms"] = now_ms - env["first_seen_ms"] if env.get("first_seen_ms") is not None else 0
-    out["reason"] = missing_reason(user_found, item_found)
-    out["sink"] = "enriched" if out["reason"] is None else "missing_state"
-    return out
+# -- The same decisions over a whole key bucket at once (pandas frames of envelope rows).
+
+def in_apply_order(frame: pd.DataFrame) -> pd.DataFrame:
+    """Changelog messages first, then everything else; each topic partition in read order."""
+    if len(frame) < 2:
+        return frame
+    later = (~frame["op"].isin(("upsert", "delete"))).astype("int8")
+    keys = pd.DataFrame({"later": later, "partition": frame["source_partition"].fillna(0),
+                         "position": frame["position"].fillna(0)})
+    return frame.loc[keys.sort_values(["later", "partition", "position"], kind="stable").index]
 
 
-def finish_dead(env: dict) -> dict:
-    out = dict(env)
-    out["sink"] = "dead_letter"
-    return out
-
-
-def wait_ms_so_far(env: dict, now_ms: int) -> int:
-    first = env.get("first_seen_ms")
-    return 0 if first is None else now_ms - first
-
-
-def passes_through(env: dict, lookup: str) -> bool:
+def passes_through(frame: pd.DataFrame, lookup: str) -> pd.Series:
     """Rows a lookup does not act on: dead letters and the other lookup's changelog."""
-    if env["op"] == "dead":
-        return True
-    if env["op"] in ("upsert", "delete"):
-        return env["kind"] != lookup
-    return False
+    return (frame["op"] == "dead") | (frame["op"].isin(("upsert", "delete")) & (frame["kind"] != lookup))
 
 
-def sorted_rows(rows: Iterable[dict]) -> list[dict]:
-    return sorted(rows, key=apply_order)
+def latest_changes(changes: pd.DataFrame, id_column: str, lookup: str) -> dict[int, tuple | None]:
+    """The last change per id of a changelog frame (in apply order): its state values, None if deleted."""
+    last = changes.drop_duplicates(id_column, keep="last")
+    values = last[list(STATE_COLUMNS[lookup])].astype(object).where(last[list(STATE_COLUMNS[lookup])].notna(), None)
+    ids = last[id_column].tolist()
+    deleted = (last["op"] == "delete").tolist()
+    return {ident: (None if gone else row) for ident, gone, row in
+            zip(ids, deleted, values.itertuples(index=False, name=None))}
+
+
+def attach_state(orders: pd.DataFrame, records: list[tuple | None], lookup: str) -> pd.DataFrame:
+    """Orders with the state values of their looked-up records (nulls where none was found)."""
+    out = orders.copy()
+    columns = STATE_COLUMNS[lookup]
+    empty = (None,) * len(columns)
+    filled = list(zip(*[record if record is not None else empty for record in records])) if records else \
+        [[] for _ in columns]
+    for column, values in zip(columns, filled):
+        out[column] = pd.Series(values, index=out.index, dtype=object)
+    return out
+
+
+def finish_user(orders: pd.DataFrame, found: pd.Series) -> pd.DataFrame:
+    """After the user lookup: record whether the user was there."""
+    orders["user_state"] = found.map({True: FOUND, False: MISSING})
+    return orders
+
+
+def finish_orders(orders: pd.DataFrame, item_found: pd.Series, now_ms: int) -> pd.DataFrame:
+    """After the item lookup: route each order to enriched or missing_state, with its wait."""
+    user_found = orders["user_state"] == FOUND
+    first_seen = orders["first_seen_ms"]
+    orders["waited_ms"] = (now_ms - first_seen).where(first_seen.notna(), 0)
+    user_found, item_found = user_found.to_numpy(), item_found.to_numpy(dtype=bool)
+    reason = np.select([~user_found & item_found, user_found & ~item_found, ~user_found & ~item_found],
+                       ["user", "item", "user_and_item"], default=None).astype(object)
+    orders["reason"] = reason
+    orders["sink"] = np.where(user_found & item_found, "enriched", "missing_state").astype(object)
+    return orders
+
+
+def finish_dead(frame: pd.DataFrame) -> pd.DataFrame:
+    frame = frame.copy()
+    frame["sink"] = "dead_letter"
+    return frame
