@@ -110,6 +110,7 @@ def sustained(progress: list[dict]) -> dict:
 
 def stateless_baseline(spark, url: str, topics: dict, work: Path, orders: int, max_rows: int) -> dict:
     from pipeline.enrich.parse import parser
+    from pipeline.enrich.chunks import USER_CHUNKS, unchunk_batches
     from pipeline.enrich.rules import ENVELOPE_SPARK_SCHEMA
     from pipeline.source.datasource import PulsarDataSource
 
@@ -121,7 +122,8 @@ def stateless_baseline(spark, url: str, topics: dict, work: Path, orders: int, m
 
     source = (spark.readStream.format("pulsar").option("service_url", url)
               .option("topics", f"orders={topics['orders']}").option("maxRowsPerBatch", max_rows).load())
-    query = (source.mapInArrow(parser(64), ENVELOPE_SPARK_SCHEMA).writeStream.foreachBatch(collect)
+    envelopes = source.mapInArrow(parser(64), USER_CHUNKS).mapInArrow(unchunk_batches, ENVELOPE_SPARK_SCHEMA)
+    query = (envelopes.writeStream.foreachBatch(collect)
              .option("checkpointLocation", str(work / "stateless-ck")).trigger(processingTime="1 second").start())
     while seen[0] < orders:
         if query.exception():

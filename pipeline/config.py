@@ -147,7 +147,7 @@ KEYS: tuple[Key, ...] = (
     Key("job.trigger_interval", "1s", _positive_duration, "Micro-batch trigger interval"),
     Key("job.max_rows_per_batch", 50_000, _int_at_least(1), "Most source rows in one micro-batch"),
     Key("job.start_from", "earliest", _choice("earliest", "latest"), "Where a fresh checkpoint starts reading every topic"),
-    Key("job.buckets", 64, _int_at_least(1), "Key buckets per lookup (groups of keys per state call)"),
+    Key("job.buckets", 16, _int_at_least(1), "Key buckets per lookup; fixed for the life of a checkpoint"),
     Key("job.restart.attempts", 5, _int_at_least(0), "Restarts from the last checkpoint before giving up"),
     Key("job.restart.delay", "10s", parse_duration, "Delay between restart attempts"),
     Key("enrichment.max_wait", "10s", parse_duration, "How long an order waits for its user/item; 0 = no buffering"),

@@ -17,7 +17,6 @@ import os
 import re
 import signal
 import threading
-import time
 
 from pipeline import store
 from pipeline.broker import EmbeddedBroker, running_embedded_url
@@ -48,6 +47,7 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
     """Start the streaming query (returns the StreamingQuery)."""
     from pipeline.enrich.parse import parser
     from pipeline.enrich.processors import ItemLookup, UserLookup
+    from pipeline.enrich.chunks import ITEM_CHUNKS, USER_CHUNKS
     from pipeline.enrich.rules import ENVELOPE_SPARK_SCHEMA
     from pipeline.source.datasource import PulsarDataSource
 
@@ -59,14 +59,14 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
               .option("startingOffsets", settings["job.start_from"])
               .option("controlDir", str(store.replay_requests_dir(data_dir))).load())
     # {"kind": "orders", "topic": …, "partition": -1, "message_id": "0:5:-1:2", "position": 42, "key": "1001", "value": b"…"}
-    envelopes = source.mapInArrow(parser(settings["job.buckets"]), ENVELOPE_SPARK_SCHEMA)
-    # {"kind": "orders", "op": "order", "user_bucket": 17, "item_bucket": 4, "user_id": 17, "invoice_id": 1001, …}
+    envelopes = source.mapInArrow(parser(settings["job.buckets"]), USER_CHUNKS)
+    # {"user_bucket": 17, "rows": <Arrow IPC of envelope rows {"kind": "orders", "op": "order", "user_id": 17, …}>}
     with_user = envelopes.groupBy("user_bucket").transformWithStateInPandas(
-        UserLookup(settings.max_wait_ms), ENVELOPE_SPARK_SCHEMA, "Append", "ProcessingTime")
-    # += {"user_first_name": "Ada", …, "user_state": "found" | "missing", "first_seen_ms": …}
+        UserLookup(settings.max_wait_ms), ITEM_CHUNKS, "Append", "ProcessingTime")
+    # {"item_bucket": 4, "rows": <… += {"user_first_name": "Ada", …, "user_state": "found", "first_seen_ms": …}>}
     rows = with_user.groupBy("item_bucket").transformWithStateInPandas(
         ItemLookup(settings.max_wait_ms), ENVELOPE_SPARK_SCHEMA, "Append", "ProcessingTime")
-    # += {"item_name": "…", …, "sink": "enriched" | "missing_state" | "dead_letter", "reason": …, "waited_ms": …}
+    # {"kind": "orders", …, "item_name": "…", "sink": "enriched" | "missing_state" | "dead_letter", "reason": …}
 
     def write_batch(batch_df, batch_id: int) -> None:
         writer.write_wide(batch_df.toArrow(), batch_id)

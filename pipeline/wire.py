@@ -46,6 +46,9 @@ KEY_FIELD = {"users": "id", "items": "id", "orders": "invoiceId"}
 CHANGELOGS = ("users", "items")
 
 
+_ABSENT = object()
+
+
 class BadMessage(ValueError):
     """A message that cannot be used; ``str(exc)`` is its one-line dead-letter error."""
 
@@ -87,13 +90,23 @@ def parse_record(topic: str, record: Any) -> dict[str, Any]:
         raise BadMessage(f"payload must be a JSON object, got {type(record).__name__}")
     parsed = {}
     for field in FIELDS[topic]:
-        if field.name not in record:
+        value = record.get(field.name, _ABSENT)
+        if value is _ABSENT:
             if field.required:
                 raise BadMessage(f"required field {field.name!r} is missing")
             parsed[field.name] = field.default
+        elif type(value) is field.kind and (field.kind is str or _plain(value)):
+            parsed[field.name] = value  # the common case, checked without _coerce's detours
         else:
-            parsed[field.name] = _coerce(field, record[field.name])
+            parsed[field.name] = _coerce(field, value)
     return parsed
+
+
+def _plain(value: int | float) -> bool:
+    """An int in the 64-bit range or a finite float: accepted as it is."""
+    if type(value) is int:
+        return INT64_MIN <= value <= INT64_MAX
+    return value - value == 0.0  # False for inf and nan
 
 
 def parse_payload(topic: str, payload: bytes | None) -> dict[str, Any] | None:

@@ -56,3 +56,18 @@ def test_position_parse_errors_name_the_value():
     with pytest.raises(ValueError, match="'x:y' is not of the form"):
         off.Position.parse("x:y")
     assert off.Position.parse("1:2:-1:3") < off.Position.parse("1:3:-1:-1")
+
+
+def test_split_range_cuts_at_known_ids_and_covers_the_range():
+    rng = off.Range("orders", "-1", 0, "0:0:-1:-1", 0, "0:25:-1:-1", 25)
+    pieces = off.split_range(rng, lambda n: f"0:{n}:-1:-1", 10)
+    assert [(p.start_n, p.end_n) for p in pieces] == [(0, 8), (8, 16), (16, 25)]
+    assert [p.start_id for p in pieces[1:]] == [p.end_id for p in pieces[:-1]]
+    assert (pieces[0].start_id, pieces[-1].end_id) == (rng.start_id, rng.end_id)
+    assert sum(p.count for p in pieces) == rng.count
+
+
+def test_split_range_keeps_the_range_whole_without_ids():
+    rng = off.Range("orders", "-1", 0, "earliest", 0, "0:25:-1:-1", 25)
+    assert off.split_range(rng, lambda n: None, 10) == [rng]
+    assert off.split_range(rng, lambda n: "x", 100) == [rng]

@@ -22,25 +22,19 @@ def test_missing_reason_checks_both(user_found, item_found, reason):
     assert rules.missing_reason(user_found, item_found) == reason
 
 
-def _meta(position=1):
-    return {"source_topic": "persistent://public/default/orders", "source_partition": -1,
-            "source_message_id": f"0:{position}:-1:-1", "position": position, "key": "k", "published_at": 1000,
-            "redrive_of": None}
-
-
 def test_route_order_user_item_and_tombstone():
-    env = rules.route_message("orders", "1", wire.encode(order(1, 17, 4)), _meta(), 8)
+    env = rules.route_message("orders", "1", wire.encode(order(1, 17, 4)), 1, 8)
     assert (env["op"], env["user_id"], env["item_id"], env["user_bucket"], env["item_bucket"]) == ("order", 17, 4, 1, 4)
     assert (env["invoice_id"], env["order_item_name"]) == (1, order(1, 17, 4)["itemName"])
-    env = rules.route_message("users", "17", wire.encode(user(17)), _meta(), 8)
+    env = rules.route_message("users", "17", wire.encode(user(17)), 1, 8)
     assert (env["op"], env["user_id"], env["user_bucket"]) == ("upsert", 17, 1)
-    assert env["user_first_name"] == user(17)["firstName"] and env["item_id"] == 0
-    env = rules.route_message("items", "4", b"", _meta(), 8)
+    assert env["user_first_name"] == user(17)["firstName"] and env["item_id"] == 0 and env["item_bucket"] == 1
+    env = rules.route_message("items", "4", b"", 1, 8)
     assert (env["op"], env["item_id"], env["item_bucket"]) == ("delete", 4, 4)
 
 
 def test_java_none_times_become_null():
-    env = rules.route_message("orders", "1", wire.encode({**order(1, 17, 4), "paidAt": -1}), _meta(), 8)
+    env = rules.route_message("orders", "1", wire.encode({**order(1, 17, 4), "paidAt": -1}), 1, 8)
     assert env["paid_at"] is None and env["created_at"] is not None
 
 
@@ -56,19 +50,19 @@ def test_java_none_times_become_null():
     ("orders", b"x" * (wire.MAX_PAYLOAD_BYTES + 1), "over the"),
 ])
 def test_bad_messages_become_dead_letters(kind, payload, error):
-    env = rules.route_message(kind, "k", payload, _meta(), 8)
+    env = rules.route_message(kind, "k", payload, 1, 8)
     assert env["op"] == "dead"
     assert error in env["error"] and "\n" not in env["error"]
     assert env["payload"] is not None
 
 
 def test_non_utf8_payload_is_kept_as_base64():
-    env = rules.route_message("orders", "k", b"\xff\xfe", _meta(), 8)
+    env = rules.route_message("orders", "k", b"\xff\xfe", 1, 8)
     assert env["payload"] == "base64://4="
 
 
 def test_tombstone_with_bad_key_is_dead():
-    env = rules.route_message("users", "not-a-number", b"", _meta(), 8)
+    env = rules.route_message("users", "not-a-number", b"", 1, 8)
     assert env["op"] == "dead" and "tombstone key" in env["error"]
 
 
@@ -119,7 +113,7 @@ def test_finish_orders_routes_and_measures_wait():
                     {"op": "order", "first_seen_ms": 1000, "user_state": "missing"},
                     {"op": "order", "first_seen_ms": 2500, "user_state": "missing"},
                     {"op": "order", "first_seen_ms": 1000, "user_state": "found"}])
-    done = rules.finish_orders(frame, pd.Series([True, False, True, False]), 4000)
+    done = rules.finish_orders(frame, [True, False, True, False], 4000)
     assert done["sink"].tolist() == ["enriched", "missing_state", "missing_state", "missing_state"]
     assert done["reason"].tolist() == [None, "user_and_item", "user", "item"]
     assert done["waited_ms"].tolist() == [3000, 3000, 1500, 3000]

@@ -2,17 +2,18 @@
 
 Three state variables per bucket (the grouping key of ``transformWithStateInPandas``):
 
-- ``latest`` (ListState of ``id, record``): an append-only log of changes, one appendList call
-  per batch however many ids changed (a state call per id was what made loading a million users
-  slow). A record is the pickled tuple of the lookup's state columns; ``b""`` is a tombstone.
-  When the log grows past twice the live ids it is rewritten compacted.
+- ``latest`` (ListState of ``token, changes``): a log with one entry per batch that changed
+  the bucket: the pickled ``{id: state values, or None for a tombstone}`` of that batch, and a
+  random token naming the entry. One state call per bucket per batch, however many ids
+  changed. Past ``MAX_LOG_ENTRIES`` the log is rewritten as one entry holding the whole map.
 - ``waiting`` (MapState ``id -> orders``): orders buffered until their id's state arrives.
-- ``meta`` (ValueState ``token, log_size``): a random token that changes on every write.
+- ``meta`` (ValueState ``token``): the token of the newest log entry or buffer change.
 
-A Python worker keeps each bucket's map (and the ids that have orders waiting) in memory under
-the token it last wrote. If the stored token is the same, the cache is exactly the stored state
-(any other history, such as a failed attempt of the batch, wrote another token); otherwise the
-log and the waiting keys are read back in bulk.
+A Python worker keeps each bucket's map in memory with the tokens of the log entries it was
+built from. Spark sends a bucket to whichever worker is free, so a worker often finds that
+another one wrote since; it then reads the log and applies only the entries after the ones it
+has (a failed attempt of a batch wrote entries nobody else has, so a token that differs means
+rebuilding from the start).
 
 Lifecycle per Spark callback: ``open(bucket)``, then reads and changes, then ``close()``.
 """
@@ -21,12 +22,26 @@ from __future__ import annotations
 
 import pickle
 import uuid
+from dataclasses import dataclass, field
 
 from pipeline.enrich import rules
 
-_CACHE: dict[tuple[str, int], tuple[str, dict[int, tuple], set[int]]] = {}
-COMPACT_FLOOR = 1_000  # never compact logs shorter than this
-_TOMBSTONE = b""
+MAX_LOG_ENTRIES = 32
+
+
+@dataclass
+class _Cached:
+    token: str  # meta token when this worker last closed the bucket
+    log_tokens: list[str]  # tokens of the log entries applied to ``records``, in order
+    records: dict[int, tuple]
+    waiting_ids: set[int] = field(default_factory=set)
+
+
+_CACHE: dict[tuple[str, int], _Cached] = {}
+
+
+def _dumps(value) -> bytes:
+    return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 class BucketState:
@@ -36,31 +51,48 @@ class BucketState:
         self.lookup = lookup
         self.log_state, self.waiting_state, self.meta_state = log_state, waiting_state, meta_state
         self.bucket: int | None = None
-        self.records: dict[int, tuple] = {}
-        self.waiting_ids: set[int] = set()
-        self.token: str | None = None
-        self.log_size = 0
-        self.pending: list[tuple[int, bytes]] = []
+        self.cached = _Cached("", [], {})
+        self.pending: dict[int, tuple | None] = {}
         self.changed = False
+
+    @property
+    def records(self) -> dict[int, tuple]:
+        return self.cached.records
+
+    @property
+    def waiting_ids(self) -> set[int]:
+        return self.cached.waiting_ids
 
     def open(self, bucket: int) -> None:
         meta = self.meta_state.get()
-        self.token, self.log_size = (meta[0], meta[1]) if meta else (None, 0)
-        self.bucket, self.pending, self.changed = bucket, [], False
+        token = meta[0] if meta else None
+        self.bucket, self.pending, self.changed = bucket, {}, False
         # Take the entry out while we work: if this task dies half-way, nobody sees a half-updated map.
         cached = _CACHE.pop((self.lookup, bucket), None)
-        if self.token is None:
-            self.records, self.waiting_ids = {}, set()
-        elif cached is not None and cached[0] == self.token:
-            self.records, self.waiting_ids = cached[1], cached[2]
+        if token is None:
+            self.cached = _Cached("", [], {})
+        elif cached is not None and cached.token == token:
+            self.cached = cached
         else:
-            self.records = {}
-            for ident, blob in self.log_state.get():
-                if blob == _TOMBSTONE:
-                    self.records.pop(ident, None)
+            self.cached = self._catch_up(cached)
+
+    def _catch_up(self, cached: "_Cached | None") -> "_Cached":
+        """Bring a worker's copy up to the stored log (or rebuild it when the histories differ)."""
+        known = cached.log_tokens if cached is not None else []
+        entries = list(self.log_state.get())
+        stored = [token for token, _ in entries]
+        if known and stored[:len(known)] == known:
+            records, start = cached.records, len(known)
+        else:
+            records, start = {}, 0
+        for _, blob in entries[start:]:
+            for ident, values in pickle.loads(blob).items():
+                if values is None:
+                    records.pop(ident, None)
                 else:
-                    self.records[ident] = pickle.loads(blob)
-            self.waiting_ids = {key[0] for key in self.waiting_state.keys()}
+                    records[ident] = values
+        waiting = {key[0] for key in self.waiting_state.keys()}
+        return _Cached("", stored, records, waiting)
 
     # -- latest records
     def lookup_many(self, ids: list[int]) -> list[tuple | None]:
@@ -72,10 +104,9 @@ class BucketState:
         for ident, values in changes.items():
             if values is None:
                 self.records.pop(ident, None)
-                self.pending.append((ident, _TOMBSTONE))
             else:
                 self.records[ident] = values
-                self.pending.append((ident, pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL)))
+        self.pending.update(changes)
 
     # -- buffered orders
     def hold(self, ident: int, rows: list[dict]) -> None:
@@ -124,15 +155,16 @@ class BucketState:
 
     def close(self) -> None:
         """Write the changes through to the state store and keep the map for the next call."""
+        cached = self.cached
         if self.pending:
-            if self.log_size + len(self.pending) > max(2 * len(self.records), COMPACT_FLOOR):
-                self.log_state.put([(ident, pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL))
-                                    for ident, values in self.records.items()])
-                self.log_size = len(self.records)
+            entry = uuid.uuid4().hex
+            if len(cached.log_tokens) + 1 > MAX_LOG_ENTRIES:
+                self.log_state.put([(entry, _dumps(cached.records))])
+                cached.log_tokens = [entry]
             else:
-                self.log_state.appendList(self.pending)
-                self.log_size += len(self.pending)
-        if self.pending or self.changed or self.token is None:
-            self.token = uuid.uuid4().hex
-            self.meta_state.update((self.token, self.log_size))
-        _CACHE[(self.lookup, self.bucket)] = (self.token, self.records, self.waiting_ids)
+                self.log_state.appendList([(entry, _dumps(self.pending))])
+                cached.log_tokens.append(entry)
+        if self.pending or self.changed or not cached.token:
+            cached.token = uuid.uuid4().hex
+            self.meta_state.update((cached.token,))
+        _CACHE[(self.lookup, self.bucket)] = cached

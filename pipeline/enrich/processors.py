@@ -1,8 +1,9 @@
 """UserLookup and ItemLookup: thin transformWithStateInPandas glue around pipeline/enrich/rules.py.
 
 Each lookup is grouped by a key *bucket* (``id % job.buckets``), so Spark calls the processor
-once per bucket per batch with pandas frames of envelope rows, and every decision runs over a
-whole frame. The bucket's state (latest records, buffered orders) is a
+once per bucket per batch, and every decision runs over a whole pandas frame of envelope rows.
+Input arrives as chunks (pipeline/enrich/chunks.py); UserLookup hands its output on as chunks
+keyed by item bucket, ItemLookup emits the final envelope rows. The bucket's state (latest records, buffered orders) is a
 :class:`~pipeline.enrich.bucket_state.BucketState`.
 
 Call order per batch (Spark's): ``handleInputRows`` once per bucket with rows, then
@@ -16,14 +17,17 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import Iterator
 
+import numpy as np
 import pandas as pd
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
-from pipeline.enrich import rules
+from pipeline.enrich import chunks, rules
 from pipeline.enrich.bucket_state import BucketState
 
 TIMER_GRANULARITY_MS = 100  # fewer distinct timers; an order may wait up to 100 ms longer
 COLUMNS = list(rules.ENVELOPE_FIELDS)
+# Slices share memory until written: frames here are sliced and given new columns a lot.
+pd.set_option("mode.copy_on_write", True)
 
 
 def _frame(rows: list[dict]) -> pd.DataFrame:
@@ -42,40 +46,47 @@ class _Lookup(StatefulProcessor):
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
         self.state = BucketState(
-            self.changelog, handle.getListState("latest", "id long, record binary"),
+            self.changelog, handle.getListState("latest", "token string, changes binary"),
             handle.getMapState("waiting", "id long", "orders binary"),
-            handle.getValueState("meta", "token string, log_size long"))
+            handle.getValueState("meta", "token string"))
 
     # -- what differs between the two lookups
     @abstractmethod
-    def complete(self, orders: pd.DataFrame, found: pd.Series, now_ms: int) -> pd.DataFrame:
+    def complete(self, orders: pd.DataFrame, found: np.ndarray, now_ms: int) -> pd.DataFrame:
         """Orders whose lookup is done, with ``found`` telling which had their state."""
 
     def pass_through(self, frame: pd.DataFrame) -> pd.DataFrame:
         return frame
 
+    @abstractmethod
+    def emit(self, frames: list[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        """The output rows of one callback, in this lookup's output schema."""
+
     # -- Spark callbacks
     def handleInputRows(self, key, rows: Iterator[pd.DataFrame], timerValues) -> Iterator[pd.DataFrame]:
         now_ms = timerValues.getCurrentProcessingTimeInMs()
-        frames = [frame for frame in rows if len(frame)]
-        if not frames:
-            return
-        frame = rules.in_apply_order(pd.concat(frames, ignore_index=True))
+        frame = chunks.decode([blob for chunk in rows for blob in chunk["rows"]])
+        op, kind = frame["op"].to_numpy(), frame["kind"].to_numpy()
+        is_order = op == "order"
+        is_change = (op == "upsert") | (op == "delete")
+        passing = (op == "dead") | (is_change & (kind != self.changelog))
+        out: list[pd.DataFrame] = []
         self.state.open(key[0])
-        passing = rules.passes_through(frame, self.changelog).to_numpy()
         if passing.any():
-            yield self.pass_through(frame[passing])[COLUMNS]
-        is_order = (frame["op"] == "order").to_numpy()
-        changes = frame[~passing & ~is_order]
-        if len(changes):
-            latest = rules.latest_changes(changes, self.id_column, self.changelog)
+            out.append(self.pass_through(frame[passing]))
+        mine = is_change & ~passing
+        if mine.any():
+            # Only the changelog's order matters: orders are independent of one another.
+            latest = rules.latest_changes(rules.in_apply_order(frame[mine]), self.id_column, self.changelog)
             self.state.apply(latest)
             released = self.state.release([ident for ident, values in latest.items() if values is not None])
             if released:
-                yield self._found(_frame(released), now_ms)
+                out.append(self._found(_frame(released), now_ms))
         if is_order.any():
-            yield from self._lookup(frame[is_order], now_ms)
+            out.extend(self._lookup(frame if is_order.all() else frame[is_order], now_ms))
         self.state.close()
+        if out:
+            yield from self.emit(out)
 
     def handleExpiredTimer(self, key, timerValues, expiredTimerInfo) -> Iterator[pd.DataFrame]:
         now_ms = timerValues.getCurrentProcessingTimeInMs()
@@ -84,27 +95,26 @@ class _Lookup(StatefulProcessor):
         self.state.close()
         if expired:
             orders = _frame(expired)
-            missing = pd.Series(False, index=orders.index)
-            yield self.complete(rules.attach_state(orders, [None] * len(orders), self.changelog), missing,
-                                now_ms)[COLUMNS]
+            missing = np.zeros(len(orders), dtype=bool)
+            yield from self.emit([self.complete(rules.attach_state(orders, [None] * len(orders), self.changelog),
+                                                missing, now_ms)])
 
     def close(self) -> None:
         pass
 
     # -- helpers
     def _lookup(self, orders: pd.DataFrame, now_ms: int) -> Iterator[pd.DataFrame]:
-        orders = orders.copy()
-        orders["first_seen_ms"] = orders["first_seen_ms"].fillna(now_ms)
+        orders = orders.assign(first_seen_ms=orders["first_seen_ms"].fillna(now_ms))
         records = self.state.lookup_many(orders[self.id_column].tolist())
-        found = pd.Series([record is not None for record in records], index=orders.index)
+        found = np.fromiter((record is not None for record in records), dtype=bool, count=len(records))
         if self.max_wait_ms > 0 and not found.all():
-            waits = (~found & (now_ms - orders["first_seen_ms"] < self.max_wait_ms)).to_numpy()
+            waits = ~found & (now_ms - orders["first_seen_ms"].to_numpy() < self.max_wait_ms)
             if waits.any():
                 self._hold(orders[waits])
                 orders, found = orders[~waits], found[~waits]
                 records = [record for record, held in zip(records, waits) if not held]
         if len(orders):
-            yield self.complete(rules.attach_state(orders, records, self.changelog), found, now_ms)[COLUMNS]
+            yield self.complete(rules.attach_state(orders, records, self.changelog), found, now_ms)
 
     def _hold(self, orders: pd.DataFrame) -> None:
         for ident, group in orders.groupby(self.id_column, sort=False):
@@ -116,8 +126,8 @@ class _Lookup(StatefulProcessor):
     def _found(self, orders: pd.DataFrame, now_ms: int) -> pd.DataFrame:
         """Buffered orders released because their id's state just arrived."""
         records = self.state.lookup_many(orders[self.id_column].tolist())
-        found = pd.Series(True, index=orders.index)
-        return self.complete(rules.attach_state(orders, records, self.changelog), found, now_ms)[COLUMNS]
+        found = np.ones(len(orders), dtype=bool)
+        return self.complete(rules.attach_state(orders, records, self.changelog), found, now_ms)
 
 
 class UserLookup(_Lookup):
@@ -125,8 +135,11 @@ class UserLookup(_Lookup):
 
     changelog, id_column = "users", "user_id"
 
-    def complete(self, orders: pd.DataFrame, found: pd.Series, now_ms: int) -> pd.DataFrame:
+    def complete(self, orders: pd.DataFrame, found: np.ndarray, now_ms: int) -> pd.DataFrame:
         return rules.finish_user(orders, found)
+
+    def emit(self, frames: list[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        yield chunks.frames_by_bucket(frames, "item_bucket")  # the item lookup's grouping
 
 
 class ItemLookup(_Lookup):
@@ -134,8 +147,12 @@ class ItemLookup(_Lookup):
 
     changelog, id_column = "items", "item_id"
 
-    def complete(self, orders: pd.DataFrame, found: pd.Series, now_ms: int) -> pd.DataFrame:
+    def complete(self, orders: pd.DataFrame, found: np.ndarray, now_ms: int) -> pd.DataFrame:
         return rules.finish_orders(orders, found, now_ms)
 
     def pass_through(self, frame: pd.DataFrame) -> pd.DataFrame:
         return rules.finish_dead(frame)
+
+    def emit(self, frames: list[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for frame in frames:  # final envelope rows: what the sinks write
+            yield frame[COLUMNS]

@@ -11,7 +11,7 @@ import base64
 import json
 import pickle
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -77,17 +77,14 @@ def payload_text(payload: bytes | None) -> str | None:
         return "base64:" + base64.b64encode(payload).decode("ascii")
 
 
-def route_message(kind: str, key: str | None, payload: bytes | None, meta: dict[str, Any], buckets: int) -> dict:
-    """Validate one source message and turn it into an envelope row (op upsert/delete/order/dead).
+def route_message(kind: str, key: str | None, payload: bytes | None, position: int | None, buckets: int) -> dict:
+    """Validate one source message: the envelope columns it decides (op upsert/delete/order/dead).
 
-    ``meta`` holds the source columns: source_topic, source_partition, source_message_id,
-    position, key, published_at, redrive_of.
+    Columns left out are null; the parse step adds the source columns (topic, message id, …).
+    # {"op": "order", "user_bucket": 1, "item_bucket": 4, "invoice_id": 1, "user_id": 17, "item_id": 4, …}
     """
-    env = dict.fromkeys(ENVELOPE_FIELDS)
-    env.update(meta)
-    env.update(dict.fromkeys(ID_COLUMNS, 0))
-    env["kind"] = kind
-    spread = (meta.get("position") or 0) % buckets  # rows that hold no key of a lookup
+    env = {"invoice_id": 0, "line_item_id": 0, "user_id": 0, "item_id": 0}
+    spread = (position or 0) % buckets  # rows that hold no key of a lookup
     env["user_bucket"] = env["item_bucket"] = spread
     try:
         record = wire.parse_payload(kind, payload)
@@ -102,11 +99,11 @@ def route_message(kind: str, key: str | None, payload: bytes | None, meta: dict[
         env["op"], env["error"], env["payload"] = "dead", str(exc), payload_text(payload)
         return env
     for column in TIME_COLUMNS:
-        if env[column] is not None and env[column] < 0:
+        if column in env and env[column] is not None and env[column] < 0:
             env[column] = None
-    if kind in ("users", "orders"):
+    if kind != "items":
         env["user_bucket"] = bucket_of(env["user_id"], buckets)
-    if kind in ("items", "orders"):
+    if kind != "users":
         env["item_bucket"] = bucket_of(env["item_id"], buckets)
     return env
 
@@ -201,36 +198,29 @@ def latest_changes(changes: pd.DataFrame, id_column: str, lookup: str) -> dict[i
 
 def attach_state(orders: pd.DataFrame, records: list[tuple | None], lookup: str) -> pd.DataFrame:
     """Orders with the state values of their looked-up records (nulls where none was found)."""
-    out = orders.copy()
     columns = STATE_COLUMNS[lookup]
     empty = (None,) * len(columns)
     filled = list(zip(*[record if record is not None else empty for record in records])) if records else \
-        [[] for _ in columns]
-    for column, values in zip(columns, filled):
-        out[column] = pd.Series(values, index=out.index, dtype=object)
-    return out
+        [() for _ in columns]
+    return orders.assign(**{column: np.array(values, dtype=object) for column, values in zip(columns, filled)})
 
 
-def finish_user(orders: pd.DataFrame, found: pd.Series) -> pd.DataFrame:
+def finish_user(orders: pd.DataFrame, found: np.ndarray) -> pd.DataFrame:
     """After the user lookup: record whether the user was there."""
-    orders["user_state"] = found.map({True: FOUND, False: MISSING})
-    return orders
+    return orders.assign(user_state=np.where(found, FOUND, MISSING).astype(object))
 
 
-def finish_orders(orders: pd.DataFrame, item_found: pd.Series, now_ms: int) -> pd.DataFrame:
+def finish_orders(orders: pd.DataFrame, item_found: np.ndarray, now_ms: int) -> pd.DataFrame:
     """After the item lookup: route each order to enriched or missing_state, with its wait."""
-    user_found = orders["user_state"] == FOUND
+    user_found = (orders["user_state"] == FOUND).to_numpy()
+    item_found = np.asarray(item_found, dtype=bool)
     first_seen = orders["first_seen_ms"]
-    orders["waited_ms"] = (now_ms - first_seen).where(first_seen.notna(), 0)
-    user_found, item_found = user_found.to_numpy(), item_found.to_numpy(dtype=bool)
     reason = np.select([~user_found & item_found, user_found & ~item_found, ~user_found & ~item_found],
                        ["user", "item", "user_and_item"], default=None).astype(object)
-    orders["reason"] = reason
-    orders["sink"] = np.where(user_found & item_found, "enriched", "missing_state").astype(object)
-    return orders
+    return orders.assign(
+        waited_ms=(now_ms - first_seen).where(first_seen.notna(), 0), reason=reason,
+        sink=np.where(user_found & item_found, "enriched", "missing_state").astype(object))
 
 
 def finish_dead(frame: pd.DataFrame) -> pd.DataFrame:
-    frame = frame.copy()
-    frame["sink"] = "dead_letter"
-    return frame
+    return frame.assign(sink="dead_letter")

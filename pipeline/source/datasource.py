@@ -23,6 +23,8 @@ Options:
 - ``startingOffsets``: ``earliest`` (default), or JSON like ``{"orders": "latest"}``.
 - ``controlDir``: folder of replay requests (``<seq>.json`` with ``topic`` and ``from``).
 - ``lookAheadRows``: how many message ids the driver keeps ahead per partition (default 4×max).
+- ``splitRows``: a partition's rows in one batch are read as Spark partitions of about this
+  many rows (default 10,000), so one busy topic partition still keeps every core parsing.
 
 Guarantees: offsets are per-partition message ids with positions, so any micro-batch is
 re-read exactly (no gap, no repeat) after a crash; a replay switches a topic to a new
@@ -53,6 +55,7 @@ from pipeline.source import reader as rd
 
 log = logging.getLogger(__name__)
 PARTITION_REFRESH_S = 10.0
+SPLIT_ROWS = 10_000  # a partition's rows in one batch are read (and parsed) in pieces of about this
 
 
 def parse_topics_option(text: str | None) -> dict[str, str]:
@@ -105,6 +108,7 @@ class PulsarStreamReader(DataSourceStreamReader):
         if self.max_rows is not None and self.max_rows < 1:
             raise SourceError(f"option 'maxRowsPerBatch' = {raw_max!r} must be >= 1")
         self.look_ahead = int(options.get("lookAheadRows") or 4 * (self.max_rows or 50_000))
+        self.split_rows = int(options.get("splitRows") or SPLIT_ROWS)
         self.starting = parse_starting_offsets(options.get("startingOffsets"), list(self.topics))
         self.control_dir = Path(options["controlDir"]) if options.get("controlDir") else None
         self._cursors: dict[tuple[str, str], tuple[int, rd.PartitionCursor]] = {}
@@ -213,7 +217,20 @@ class PulsarStreamReader(DataSourceStreamReader):
         return offset
 
     def partitions(self, start: dict, end: dict):
-        return [PulsarPartition(r.topic, self.topics[r.topic], r) for r in off.ranges_between(start or {}, end)]
+        pieces = []
+        for rng in off.ranges_between(start or {}, end):
+            pieces.extend(off.split_range(rng, self._known_id(rng), self.split_rows))
+        return [PulsarPartition(r.topic, self.topics[r.topic], r) for r in pieces]
+
+    def _known_id(self, rng: off.Range):
+        """id_at for a range's partition from its look-ahead cursor (None where it does not know)."""
+        held = self._cursors.get((rng.topic, rng.partition))
+
+        def id_at(n: int) -> str | None:
+            if held is None or held[0] != rng.gen or not held[1].base_n <= n <= held[1].known_n:
+                return None
+            return held[1].id_at(n)
+        return id_at
 
     def commit(self, end: dict) -> None:
         """Nothing to acknowledge: readers are non-durable, and retention keeps the changelogs."""

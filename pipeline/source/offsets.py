@@ -104,6 +104,24 @@ def ranges_between(start: dict, end: dict) -> list[Range]:
     return ranges
 
 
+def split_range(rng: Range, id_at, chunk_rows: int) -> list[Range]:
+    """Cut a range into consecutive pieces of about ``chunk_rows`` so executors parse them in parallel.
+
+    ``id_at(n)`` gives the message id at position n, or None when it is not known (then the
+    range stays whole). Each piece re-reads exactly its messages, so the union is the range.
+    """
+    if chunk_rows < 1 or rng.count <= chunk_rows:
+        return [rng]
+    pieces = -(-rng.count // chunk_rows)
+    cuts = [rng.start_n + (rng.count * i) // pieces for i in range(1, pieces)]
+    ids = [id_at(n) for n in cuts]
+    if any(found is None for found in ids):
+        return [rng]
+    bounds = [(rng.start_id, rng.start_n)] + list(zip(ids, cuts)) + [(rng.end_id, rng.end_n)]
+    return [Range(rng.topic, rng.partition, rng.gen, a_id, a_n, b_id, b_n)
+            for (a_id, a_n), (b_id, b_n) in zip(bounds, bounds[1:])]
+
+
 def allocate(available: dict[str, int], limit: int | None) -> dict[str, int]:
     """Share a row limit fairly among partitions with data (water-filling).
 

@@ -92,8 +92,12 @@ def read_range(service_url: str, topic: str, kind: str, rng: Range, read_timeout
     partition = int(rng.partition)
     deadline = time.monotonic() + read_timeout_s
     try:
+        last_seen = _id_tuple(rng.start_id)
         for position in range(rng.start_n + 1, rng.end_n + 1):
             message = _read_next(reader, topic, deadline)
+            while _tuple_of(message.message_id()) <= last_seen:  # redelivered: seen already
+                message = _read_next(reader, topic, deadline)
+            last_seen = _tuple_of(message.message_id())
             props = message.properties()
             columns["kind"].append(kind)
             columns["topic"].append(topic)
@@ -116,6 +120,18 @@ def read_range(service_url: str, topic: str, kind: str, rng: Range, read_timeout
             yield pa.RecordBatch.from_pydict(columns, schema=schema)
     finally:
         reader.close()
+
+
+def _tuple_of(message_id) -> tuple[int, int, int]:
+    """A message id as a tuple that orders like the messages of one partition."""
+    return (message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
+
+
+def _id_tuple(text: str) -> tuple[int, int, int]:
+    if text == EARLIEST:
+        return (-1, -1, -1)
+    pos = Position.parse(text)
+    return (pos.ledger, pos.entry, pos.batch)
 
 
 def _read_next(reader, topic: str, deadline: float):
@@ -166,11 +182,17 @@ class PartitionCursor:
         self._service_url = service_url
         self._reader = open_reader(service_url, partition_topic(topic, partition), start_id, client=self._client)
         self._idle_polls = 0
+        self.redelivered = self._redelivered_logged = 0  # messages the reader sent twice
 
     @property
     def known_n(self) -> int:
         """The newest position seen so far (a lower bound of the latest position)."""
         return self.base_n + len(self._ledgers)
+
+    def _newest(self) -> tuple[int, int, int]:
+        if self._ledgers:
+            return (self._ledgers[-1], self._entries[-1], self._batches[-1])
+        return _id_tuple(self.base_id)
 
     def matches(self, start_id: str, start_n: int) -> bool:
         return self.base_n <= start_n <= self.known_n and self.id_at(start_n) == start_id
@@ -207,12 +229,21 @@ class PartitionCursor:
                 break
             except Exception as exc:
                 raise SourceError(f"reading ahead on {self.topic!r} partition {self.partition} failed: {exc}") from exc
+            if _tuple_of(mid) <= self._newest():
+                # pulsar-lite 0.2.0 sometimes sends whole entries again to a busy reader;
+                # counting a message twice would shift every later position.
+                self.redelivered += 1
+                continue
             self._ledgers.append(mid.ledger_id())
             self._entries.append(mid.entry_id())
             self._batches.append(mid.batch_index())
             read += 1
             wait_ms = 2  # the receiver queue is warm; a short wait means we reached the end
         self._idle_polls = 0 if read else self._idle_polls + 1
+        if self.redelivered >= self._redelivered_logged + 10_000:
+            log.info("reader on %r partition %s: %d messages sent again so far, skipped", self.topic,
+                     self.partition, self.redelivered)
+            self._redelivered_logged = self.redelivered
         if self._idle_polls and self._idle_polls % 3 == 0 and len(self._ledgers) < self.max_ahead:
             self._reopen_if_stalled()
         return read
