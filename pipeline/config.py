@@ -145,7 +145,7 @@ KEYS: tuple[Key, ...] = (
     Key("spark.master", "local[*]", _spark_master, "Spark master URL"),
     Key("spark.shuffle_partitions", 0, _int_at_least(0), "Shuffle partitions; 0 sizes them to the cores"),
     Key("job.trigger_interval", "1s", _positive_duration, "Micro-batch trigger interval"),
-    Key("job.max_rows_per_batch", 50_000, _int_at_least(1), "Most source rows in one micro-batch"),
+    Key("job.max_rows_per_batch", 200_000, _int_at_least(1), "Most source rows in one micro-batch"),
     Key("job.start_from", "earliest", _choice("earliest", "latest"), "Where a fresh checkpoint starts reading every topic"),
     Key("job.buckets", 16, _int_at_least(1), "Key buckets per lookup; fixed for the life of a checkpoint"),
     Key("job.restart.attempts", 5, _int_at_least(0), "Restarts from the last checkpoint before giving up"),

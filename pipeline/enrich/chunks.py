@@ -35,11 +35,17 @@ def encode(table: pa.Table | pa.RecordBatch) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
+def decode_table(blobs) -> pa.Table:
+    """The envelope rows of several chunks as one Arrow table (empty, with the schema, for none)."""
+    tables = [pa.ipc.open_stream(blob).read_all() for blob in blobs]
+    if not tables:
+        return ENVELOPE_ARROW_SCHEMA.empty_table()
+    return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+
+
 def decode(blobs) -> pd.DataFrame:
     """The envelope rows of several chunks as one pandas frame (envelope columns, in order)."""
-    tables = [pa.ipc.open_stream(blob).read_all() for blob in blobs]
-    table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
-    return table.to_pandas()
+    return decode_table(blobs).to_pandas()
 
 
 def by_bucket(table: pa.Table, bucket_column: str) -> tuple[list[int], list[bytes]]:

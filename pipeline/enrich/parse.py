@@ -2,7 +2,7 @@
 
 Every message becomes exactly one envelope row: an upsert, a delete (tombstone), an order, or a
 dead letter with its one-line error. Nothing is dropped here, so nothing is lost. Only the
-payload is looked at row by row (rules.route_message); the source columns are carried over
+payload is looked at row by row (rules.route_messages); the source columns are carried over
 as whole Arrow columns.
 """
 
@@ -21,8 +21,7 @@ CHUNK_ARROW_SCHEMA = pa.schema([("user_bucket", pa.int32()), ("rows", pa.binary(
 # envelope column <- source column, carried over as they are
 FROM_SOURCE = {"kind": "kind", "source_topic": "topic", "source_partition": "partition",
                "source_message_id": "message_id", "position": "position", "key": "key"}
-DECIDED = ("op", "error", "payload", "user_bucket", "item_bucket",
-           *{column for columns in rules.RECORD_COLUMNS.values() for column in columns.values()})
+DECIDED = rules.DECIDED_COLUMNS
 DECIDED_SCHEMA = pa.schema([ENVELOPE_ARROW_SCHEMA.field(name) for name in ENVELOPE_ARROW_SCHEMA.names
                             if name in DECIDED])
 
@@ -32,13 +31,11 @@ def parse_batches(batches: Iterator[pa.RecordBatch], buckets: int) -> Iterator[p
 
     # {"user_bucket": 17, "rows": <Arrow IPC of {"kind": "orders", "op": "order", "user_id": 17, …}, …>}
     """
-    route = rules.route_message
     for batch in batches:
         kinds, keys, values, positions = (batch.column(name).to_pylist()
                                           for name in ("kind", "key", "value", "position"))
-        decided = pa.RecordBatch.from_pylist(
-            [route(kind, key, value, position, buckets)
-             for kind, key, value, position in zip(kinds, keys, values, positions)], schema=DECIDED_SCHEMA)
+        decided = pa.RecordBatch.from_pydict(rules.route_messages(kinds, keys, values, positions, buckets),
+                                             schema=DECIDED_SCHEMA)
         arrays = []
         for field in ENVELOPE_ARROW_SCHEMA:
             if field.name in DECIDED:

@@ -2,8 +2,9 @@
 
 Each lookup is grouped by a key *bucket* (``id % job.buckets``), so Spark calls the processor
 once per bucket per batch, and every decision runs over a whole pandas frame of envelope rows.
-Input arrives as chunks (pipeline/enrich/chunks.py); UserLookup hands its output on as chunks
-keyed by item bucket, ItemLookup emits the final envelope rows. The bucket's state (latest records, buffered orders) is a
+Input arrives as chunks (pipeline/enrich/chunks.py), and both lookups emit chunks labelled by
+item bucket: UserLookup's feed ItemLookup's grouping, and ItemLookup's hold the final envelope
+rows the sinks write (so those 36 columns never pass through Spark's row format). The bucket's state (latest records, buffered orders) is a
 :class:`~pipeline.enrich.bucket_state.BucketState`.
 
 Call order per batch (Spark's): ``handleInputRows`` once per bucket with rows, then
@@ -58,9 +59,9 @@ class _Lookup(StatefulProcessor):
     def pass_through(self, frame: pd.DataFrame) -> pd.DataFrame:
         return frame
 
-    @abstractmethod
     def emit(self, frames: list[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        """The output rows of one callback, in this lookup's output schema."""
+        """The output of one callback: chunk rows ``(item_bucket, rows)`` (chunks.ITEM_CHUNKS)."""
+        yield chunks.frames_by_bucket([frame[COLUMNS] for frame in frames], "item_bucket")
 
     # -- Spark callbacks
     def handleInputRows(self, key, rows: Iterator[pd.DataFrame], timerValues) -> Iterator[pd.DataFrame]:
@@ -138,9 +139,6 @@ class UserLookup(_Lookup):
     def complete(self, orders: pd.DataFrame, found: np.ndarray, now_ms: int) -> pd.DataFrame:
         return rules.finish_user(orders, found)
 
-    def emit(self, frames: list[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        yield chunks.frames_by_bucket(frames, "item_bucket")  # the item lookup's grouping
-
 
 class ItemLookup(_Lookup):
     """Keyed by item bucket: attaches the latest item and routes each order to its sink."""
@@ -152,7 +150,3 @@ class ItemLookup(_Lookup):
 
     def pass_through(self, frame: pd.DataFrame) -> pd.DataFrame:
         return rules.finish_dead(frame)
-
-    def emit(self, frames: list[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        for frame in frames:  # final envelope rows: what the sinks write
-            yield frame[COLUMNS]

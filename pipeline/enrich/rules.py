@@ -77,35 +77,53 @@ def payload_text(payload: bytes | None) -> str | None:
         return "base64:" + base64.b64encode(payload).decode("ascii")
 
 
-def route_message(kind: str, key: str | None, payload: bytes | None, position: int | None, buckets: int) -> dict:
-    """Validate one source message: the envelope columns it decides (op upsert/delete/order/dead).
+# The envelope columns the parse step decides from a message's payload (the rest it copies).
+DECIDED_COLUMNS = ("op", "error", "payload", "user_bucket", "item_bucket",
+                   *dict.fromkeys(column for columns in RECORD_COLUMNS.values() for column in columns.values()))
 
-    Columns left out are null; the parse step adds the source columns (topic, message id, …).
-    # {"op": "order", "user_bucket": 1, "item_bucket": 4, "invoice_id": 1, "user_id": 17, "item_id": 4, …}
+
+def route_messages(kinds: list[str], keys: list, payloads: list, positions: list, buckets: int) -> dict[str, list]:
+    """Validate source messages: the envelope columns they decide, one list per column.
+
+    Each message gets op upsert/delete/order/dead; columns a message does not set are null
+    (ids 0). Rows that hold no key of a lookup are spread over its buckets by position.
+    Column-wise because the parse step runs this for every message of the job.
+    # {"op": ["order", "dead"], "user_bucket": [1, 2], "invoice_id": [1, 0], "error": [None, "payload is …"], …}
     """
-    env = {"invoice_id": 0, "line_item_id": 0, "user_id": 0, "item_id": 0}
-    spread = (position or 0) % buckets  # rows that hold no key of a lookup
-    env["user_bucket"] = env["item_bucket"] = spread
-    try:
-        record = wire.parse_payload(kind, payload)
+    n = len(payloads)
+    columns = {name: ([0] * n if name in ID_COLUMNS else [None] * n) for name in DECIDED_COLUMNS}
+    ops, errors, raw = columns["op"], columns["error"], columns["payload"]
+    user_ids, item_ids = columns["user_id"], columns["item_id"]
+    user_buckets, item_buckets = columns["user_bucket"], columns["item_bucket"]
+    targets = {kind: [(name, columns[column], column in TIME_COLUMNS) for name, column in fields.items()]
+               for kind, fields in RECORD_COLUMNS.items()}
+    parse = wire.parse_payload
+    for i, (kind, payload) in enumerate(zip(kinds, payloads)):
+        spread = (positions[i] or 0) % buckets
+        try:
+            record = parse(kind, payload)
+            deleted = wire.tombstone_key(keys[i]) if record is None else None
+        except wire.BadMessage as exc:
+            ops[i], errors[i], raw[i] = "dead", str(exc), payload_text(payload)
+            user_buckets[i] = item_buckets[i] = spread
+            continue
         if record is None:
-            env["op"] = "delete"
-            env["user_id" if kind == "users" else "item_id"] = wire.tombstone_key(key)
+            ops[i] = "delete"
+            (user_ids if kind == "users" else item_ids)[i] = deleted
         else:
-            env["op"] = "order" if kind == "orders" else "upsert"
-            for name, column in RECORD_COLUMNS[kind].items():
-                env[column] = record[name]
-    except wire.BadMessage as exc:
-        env["op"], env["error"], env["payload"] = "dead", str(exc), payload_text(payload)
-        return env
-    for column in TIME_COLUMNS:
-        if column in env and env[column] is not None and env[column] < 0:
-            env[column] = None
-    if kind != "items":
-        env["user_bucket"] = bucket_of(env["user_id"], buckets)
-    if kind != "users":
-        env["item_bucket"] = bucket_of(env["item_id"], buckets)
-    return env
+            ops[i] = "order" if kind == "orders" else "upsert"
+            for name, column, is_time in targets[kind]:
+                value = record[name]
+                # the Java model's -1 means "no time"
+                column[i] = None if is_time and value is not None and value < 0 else value
+        user_buckets[i] = spread if kind == "items" else bucket_of(user_ids[i], buckets)
+        item_buckets[i] = spread if kind == "users" else bucket_of(item_ids[i], buckets)
+    return columns
+
+
+def route_message(kind: str, key: str | None, payload: bytes | None, position: int | None, buckets: int) -> dict:
+    """:func:`route_messages` for one message, as one dict of envelope columns."""
+    return {name: values[0] for name, values in route_messages([kind], [key], [payload], [position], buckets).items()}
 
 
 def redrive_of(properties_json: str | None) -> str | None:

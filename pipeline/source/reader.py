@@ -86,23 +86,18 @@ def read_range(service_url: str, topic: str, kind: str, rng: Range, read_timeout
     """
     import pyarrow as pa
 
-    reader = open_reader(service_url, partition_topic(topic, rng.partition), rng.start_id)
+    stream = _RangeStream(service_url, partition_topic(topic, rng.partition), topic, rng.start_id, read_timeout_s)
     schema = arrow_schema()
     columns = _empty_columns()
     partition = int(rng.partition)
-    deadline = time.monotonic() + read_timeout_s
     try:
-        last_seen = _id_tuple(rng.start_id)
         for position in range(rng.start_n + 1, rng.end_n + 1):
-            message = _read_next(reader, topic, deadline)
-            while _tuple_of(message.message_id()) <= last_seen:  # redelivered: seen already
-                message = _read_next(reader, topic, deadline)
-            last_seen = _tuple_of(message.message_id())
+            message, message_id = stream.next()
             props = message.properties()
             columns["kind"].append(kind)
             columns["topic"].append(topic)
             columns["partition"].append(partition)
-            columns["message_id"].append(id_text(message.message_id()))
+            columns["message_id"].append(message_id)
             columns["position"].append(position)
             columns["generation"].append(rng.gen)
             columns["key"].append(message.partition_key() or None)
@@ -119,7 +114,63 @@ def read_range(service_url: str, topic: str, kind: str, rng: Range, read_timeout
                                   "the topic changed under the source (was it truncated or recreated?)")
             yield pa.RecordBatch.from_pydict(columns, schema=schema)
     finally:
-        reader.close()
+        stream.close()
+
+
+class _RangeStream:
+    """The messages after a start id, each once, from a reader that is reopened if it stalls.
+
+    pulsar-lite 0.2.0 sometimes stops feeding a reader (or sends entries again) when other
+    readers share its connection; a committed range is known to exist, so a silent reader is
+    reopened on a fresh connection right after the last message it gave.
+    """
+
+    STALL_S = 3.0
+
+    def __init__(self, service_url: str, name: str, topic: str, start_id: str, timeout_s: float):
+        self.service_url, self.name, self.topic = service_url, name, topic
+        self.last_id, self.last = start_id, _id_tuple(start_id)
+        self.deadline = time.monotonic() + timeout_s
+        self.reader = open_reader(service_url, name, start_id)
+
+    def next(self):
+        """The next message not seen yet, and its id text."""
+        import pulsar
+
+        quiet_since = time.monotonic()
+        while True:
+            try:
+                message = self.reader.read_next(500)
+            except pulsar.Timeout:
+                now = time.monotonic()
+                if now > self.deadline:
+                    raise SourceError(f"timed out re-reading committed messages of {self.topic!r}; "
+                                      "is the broker up?") from None
+                if now - quiet_since > self.STALL_S:
+                    self._reopen()
+                    quiet_since = now
+                continue
+            found = message.message_id()
+            if _tuple_of(found) > self.last:  # anything else was sent again: seen already
+                self.last, self.last_id = _tuple_of(found), id_text(found)
+                return message, self.last_id
+
+    def _reopen(self) -> None:
+        log.warning("reader on %r stalled after %s; reopening on a new connection", self.name, self.last_id)
+        self.close()
+        stale = _clients.pop(self.service_url, None)
+        if stale is not None:
+            try:
+                stale.close()
+            except Exception:  # a broken connection may refuse to close cleanly
+                pass
+        self.reader = open_reader(self.service_url, self.name, self.last_id)
+
+    def close(self) -> None:
+        try:
+            self.reader.close()
+        except Exception:  # closing a reader of a dead broker must not mask the real error
+            pass
 
 
 def _tuple_of(message_id) -> tuple[int, int, int]:
@@ -132,17 +183,6 @@ def _id_tuple(text: str) -> tuple[int, int, int]:
         return (-1, -1, -1)
     pos = Position.parse(text)
     return (pos.ledger, pos.entry, pos.batch)
-
-
-def _read_next(reader, topic: str, deadline: float):
-    import pulsar
-
-    while True:
-        try:
-            return reader.read_next(1000)
-        except pulsar.Timeout:
-            if time.monotonic() > deadline:
-                raise SourceError(f"timed out re-reading committed messages of {topic!r}; is the broker up?") from None
 
 
 def _empty_columns() -> dict[str, list]:
