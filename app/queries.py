@@ -1,9 +1,10 @@
 """The console's DuckDB queries over the sinks: plain ``(connection, params) -> DataFrame`` functions.
 
 Each function aggregates in DuckDB and returns a small frame, so a page never loads a whole
-sink into pandas; windowed queries read only the files that can hold rows of their window
-(:mod:`app.catalog`). ``connection`` is a DuckDB connection or cursor (one per thread, see
-:func:`app.sources.connect`); ``data_dir`` is the job's data dir. Times come back as naive
+sink into pandas; windowed queries read only the files that can hold rows of their window,
+and counts per time bucket come from the catalog, reading only files whose rows straddle a
+bucket edge (:mod:`app.catalog`). ``connection`` is a DuckDB connection or cursor (one per
+thread, see :func:`app.sources.connect`); ``data_dir`` is the job's data dir. Times come back as naive
 UTC timestamps; ``*_ms`` columns are epoch milliseconds. A sink with no files reads as
 empty. The metrics store has its own module, :mod:`app.metric_queries`.
 """
@@ -15,8 +16,8 @@ from typing import Any
 
 import pandas as pd
 
-from app.catalog import SINK_TIME, catalog_for
-from app.sources import Connection, query_frame, sink_relation
+from app.catalog import SINK_TIME, catalog_for, count_by_bucket
+from app.sources import Connection, files_relation, query_frame, sink_relation
 
 RATE_WINDOW_S = 60
 # Which reasons mean that a user or an item was missing, and the column holding its id.
@@ -45,8 +46,31 @@ def _bucket(time_column: str, bucket_s: int) -> str:
     Buckets are counted back from the window's end (``$end_ms``), so the newest one is as wide
     as the others and a rate per bucket does not dip at the right edge of a chart.
     """
+    return f"epoch_ms({_bucket_ms(time_column, bucket_s)})"
+
+
+def _bucket_ms(time_column: str, bucket_s: int) -> str:
+    """:func:`_bucket` in epoch ms (as :func:`app.catalog.bucket_start_ms` computes it)."""
     width_ms = int(bucket_s) * 1000
-    return f"epoch_ms($end_ms - (($end_ms - epoch_ms({time_column})) // {width_ms} + 1) * {width_ms})"
+    return f"($end_ms - (($end_ms - epoch_ms({time_column})) // {width_ms} + 1) * {width_ms})"
+
+
+def _add_read_counts(connection: Connection, counts: dict, reads: list[str], params: dict[str, Any]) -> dict:
+    """Add the ``(bucket ms, label, rows)`` rows of the ``reads`` queries (UNION ALL) to ``counts``."""
+    if reads:
+        for bucket_ms, label, rows in connection.execute(" UNION ALL ".join(reads), params).fetchall():
+            counts[(bucket_ms, label)] = counts.get((bucket_ms, label), 0) + int(rows)
+    return counts
+
+
+def _bucket_frame(counts: dict, label: str, count: str) -> pd.DataFrame:
+    """``{(bucket ms, label value): rows}`` as ``bucket_start`` (naive UTC), ``label, count``,
+    ordered by bucket then label (a NULL label last)."""
+    ordered = sorted(counts.items(), key=lambda item: (item[0][0], item[0][1] is None, item[0][1] or ""))
+    frame = pd.DataFrame([(bucket_ms, value, rows) for (bucket_ms, value), rows in ordered],
+                         columns=["bucket_ms", label, count])
+    frame.insert(0, "bucket_start", pd.to_datetime(frame.pop("bucket_ms").astype("int64"), unit="ms").astype("datetime64[us]"))
+    return frame.astype({label: "object", count: "int64"})
 
 
 # ------------------------------------------------------------------------ live view
@@ -72,32 +96,41 @@ def load_sink_totals(connection: Connection, data_dir: Path, now_ms: int) -> pd.
     """:func:`load_sink_spans` plus the rows of the last minute and that minute's rate.
 
     ``rows_last_minute`` counts rows committed in the 60 s up to ``now_ms``;
-    ``rows_per_second`` is that count ÷ 60. Only the files of that minute are read.
+    ``rows_per_second`` is that count ÷ 60. Counted from the catalog: only a file with rows on
+    both sides of the minute's start is read.
     """
     frame = load_sink_spans(connection, data_dir)
     last_minute = []
+    window_ms = RATE_WINDOW_S * 1000
     for sink, column in SINK_TIME.items():
-        recent = sink_relation(data_dir, sink, newer_than_ms=int(now_ms) - RATE_WINDOW_S * 1000)
-        (count,) = connection.execute(
-            f"SELECT count(*) FROM {recent} WHERE epoch_ms({column}) > $now_ms - {RATE_WINDOW_S * 1000} "
-            f"AND epoch_ms({column}) <= $now_ms", {"now_ms": int(now_ms)}).fetchone()
-        last_minute.append(int(count))
+        counts, unread = count_by_bucket(catalog_for(data_dir).files(sink), int(now_ms), window_ms, window_ms)
+        count = sum(counts.values())
+        if unread:
+            (read,) = connection.execute(
+                f"SELECT count(*) FROM {files_relation(sink, unread)} WHERE epoch_ms({column}) > $now_ms - {window_ms} "
+                f"AND epoch_ms({column}) <= $now_ms", {"now_ms": int(now_ms)}).fetchone()
+            count += int(read)
+        last_minute.append(count)
     frame.insert(2, "rows_last_minute", last_minute)
     frame["rows_per_second"] = frame["rows_last_minute"] / RATE_WINDOW_S
     return frame
 
 
 def load_throughput(connection: Connection, data_dir: Path, window_end_ms: int, window_s: int, bucket_s: int) -> pd.DataFrame:
-    """Rows committed per sink and time bucket in the window: ``bucket_start, sink, rows, rows_per_second``."""
-    parts = [
-        f"""SELECT {_bucket(column, bucket_s)} AS bucket_start, '{sink}' AS sink, count(*) AS "rows"
-            FROM {sink_relation(data_dir, sink, newer_than_ms=window_end_ms - window_s * 1000)}
-            WHERE epoch_ms({column}) > $end_ms - $window_ms AND epoch_ms({column}) <= $end_ms
-            GROUP BY 1"""
-        for sink, column in SINK_TIME.items()
-    ]
-    sql = " UNION ALL ".join(parts) + " ORDER BY bucket_start, sink"
-    frame = query_frame(connection, sql, {"end_ms": int(window_end_ms), "window_ms": int(window_s) * 1000})
+    """Rows committed per sink and time bucket in the window: ``bucket_start, sink, rows, rows_per_second``.
+
+    Counted from the catalog; only files whose rows straddle a bucket edge are read.
+    """
+    params = {"end_ms": int(window_end_ms), "window_ms": int(window_s) * 1000}
+    counts, reads = {}, []
+    for sink, column in SINK_TIME.items():
+        by_bucket, unread = count_by_bucket(catalog_for(data_dir).files(sink), params["end_ms"], params["window_ms"],
+                                            int(bucket_s) * 1000)
+        counts.update({(bucket_ms, sink): rows for bucket_ms, rows in by_bucket.items()})
+        if unread:
+            reads.append(f"""SELECT {_bucket_ms(column, bucket_s)}, '{sink}', count(*) FROM {files_relation(sink, unread)}
+                WHERE epoch_ms({column}) > $end_ms - $window_ms AND epoch_ms({column}) <= $end_ms GROUP BY 1""")
+    frame = _bucket_frame(_add_read_counts(connection, counts, reads, params), "sink", "rows")
     frame["rows_per_second"] = frame["rows"] / bucket_s
     return frame
 
@@ -213,13 +246,17 @@ def load_missing_totals(connection: Connection, data_dir: Path) -> pd.DataFrame:
 
 
 def load_missing_by_reason(connection: Connection, data_dir: Path, window_end_ms: int, window_s: int, bucket_s: int) -> pd.DataFrame:
-    """Missing-state orders per reason and time bucket: ``bucket_start, reason, orders``."""
-    sql = f"""
-        SELECT {_bucket('detected_at', bucket_s)} AS bucket_start, reason, count(*) AS orders
-        FROM {sink_relation(data_dir, 'missing_state', newer_than_ms=window_end_ms - window_s * 1000)}
-        WHERE epoch_ms(detected_at) > $end_ms - $window_ms AND epoch_ms(detected_at) <= $end_ms
-        GROUP BY 1, 2 ORDER BY 1, 2"""
-    return query_frame(connection, sql, {"end_ms": int(window_end_ms), "window_ms": int(window_s) * 1000})
+    """Missing-state orders per reason and time bucket: ``bucket_start, reason, orders``.
+
+    Counted from the catalog's rows per reason; only files whose rows straddle a bucket edge
+    are read.
+    """
+    params = {"end_ms": int(window_end_ms), "window_ms": int(window_s) * 1000}
+    counts, unread = count_by_bucket(catalog_for(data_dir).files("missing_state"), params["end_ms"],
+                                     params["window_ms"], int(bucket_s) * 1000, by_group=True)
+    reads = [f"""SELECT {_bucket_ms('detected_at', bucket_s)}, reason, count(*) FROM {files_relation('missing_state', unread)}
+        WHERE epoch_ms(detected_at) > $end_ms - $window_ms AND epoch_ms(detected_at) <= $end_ms GROUP BY 1, 2"""] if unread else []
+    return _bucket_frame(_add_read_counts(connection, counts, reads, params), "reason", "orders")
 
 
 def load_top_missing_keys(connection: Connection, data_dir: Path, window_end_ms: int, window_s: int,

@@ -18,7 +18,7 @@ from pathlib import Path
 import duckdb
 import pandas as pd
 
-from app.catalog import catalog_for
+from app.catalog import SinkFile, catalog_for
 from pipeline import store
 
 # Column types of the on-disk contract. Only the empty relations use them: a reader over
@@ -132,6 +132,11 @@ def sink_relation(data_dir: Path, sink: str, newer_than_ms: int | None = None, n
             newest_first.append(entry)
             rows += entry.rows
         files = newest_first
+    return files_relation(sink, files)
+
+
+def files_relation(sink: str, files: list[SinkFile]) -> str:
+    """FROM-clause text for these catalog files of a sink, or no rows if there are none."""
     if not files:
         return empty_relation(SINK_COLUMNS[sink])
     file_list = "[" + ", ".join(sql_text(entry.path) for entry in files) + "]"

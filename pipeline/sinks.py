@@ -10,16 +10,35 @@ only rows of committed micro-batches, each once, even right after ``kill -9``. H
    written the batch to its commit log (called from the query listener, and at start-up for
    batches committed just before a crash). A rename is atomic, so a batch appears whole.
 3. ``discard_uncommitted`` drops staged batches Spark never committed; Spark re-runs them.
+
+The sink manifest (``<data_dir>/metrics/sink_files.jsonl``) lets the console know every
+committed file's rows and time range without opening thousands of files. After each publish,
+one appended JSON line per published file records what is in it::
+
+    {"sink": "missing_state", "batch_id": 42, "file": "part-00000.parquet", "size": 5123,
+     "mtime_ns": 1795000000123456789, "rows": 17, "min_ms": 1795000000456,
+     "max_ms": 1795000000456, "groups": {"user": 9, "item": 8}}
+
+It is a hint, never the truth: a reader trusts a line only for a file that exists with that
+size and mtime, and reads files no line covers itself. So a crash between a rename and its
+line, a half-written last line, or a failure to write the manifest (logged, never fatal)
+costs the console time, not correctness. Lines are written only for published batches, each
+publish with one ``write``; ``drop_published_after`` (a savepoint restore) rewrites the
+manifest without the batches it removes.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import time
 from pathlib import Path
+from typing import Iterable
+
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline import store
@@ -49,6 +68,12 @@ SCHEMAS = {
         ("key", pa.string()), ("payload", pa.string()), ("error", pa.string()), ("published_at", TS),
         ("detected_at", TS), ("batch_id", pa.int64())]),
 }
+
+
+# The column each sink is timed by (when the job committed the row), and a column whose rows
+# per value the manifest records too (why orders went missing).
+SINK_TIME = {"enriched": "enriched_at", "missing_state": "detected_at", "dead_letter": "detected_at"}
+SINK_GROUP = {"missing_state": "reason"}
 
 
 # Columns a sink takes from another envelope column: a missing-state row keeps the item name
@@ -124,23 +149,28 @@ class SinkWriter:
         return found
 
     def publish_committed(self, last_committed: int) -> int:
-        """Move every staged batch <= last_committed into the sinks; returns folders moved."""
-        moved = 0
-        for name, ids in self.staged_batches().items():
-            for batch_id in ids:
-                if batch_id > last_committed:
-                    continue
-                source = store.staging_dir(self.data_dir, name) / store.batch_folder(batch_id)
-                target = store.sink_dir(self.data_dir, name) / store.batch_folder(batch_id)
-                try:
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    if target.exists():
-                        shutil.rmtree(target)
-                    os.rename(source, target)
-                    moved += 1
-                except OSError as exc:
-                    raise SinkError(f"cannot publish {str(source)!r} to {str(target)!r}: {exc.strerror or exc}") from exc
-        return moved
+        """Move every staged batch <= last_committed into the sinks, then record the moved
+        files in the manifest; returns folders moved."""
+        published: list[tuple[str, int]] = []
+        try:
+            for name, ids in self.staged_batches().items():
+                for batch_id in ids:
+                    if batch_id > last_committed:
+                        continue
+                    source = store.staging_dir(self.data_dir, name) / store.batch_folder(batch_id)
+                    target = store.sink_dir(self.data_dir, name) / store.batch_folder(batch_id)
+                    try:
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                        if target.exists():
+                            shutil.rmtree(target)
+                        os.rename(source, target)
+                        published.append((name, batch_id))
+                    except OSError as exc:
+                        raise SinkError(f"cannot publish {str(source)!r} to {str(target)!r}: "
+                                        f"{exc.strerror or exc}") from exc
+        finally:
+            record_published(self.data_dir, published)  # what did move, even if a later rename failed
+        return len(published)
 
     def discard_uncommitted(self, last_committed: int) -> int:
         dropped = 0
@@ -152,7 +182,8 @@ class SinkWriter:
         return dropped
 
     def drop_published_after(self, batch_id: int) -> int:
-        """Remove published batches after ``batch_id`` (restoring a savepoint re-runs them)."""
+        """Remove published batches after ``batch_id`` (restoring a savepoint re-runs them),
+        and their manifest lines. Called only while the job is stopped."""
         dropped = 0
         for name in SCHEMAS:
             root = store.sink_dir(self.data_dir, name)
@@ -160,7 +191,94 @@ class SinkWriter:
                 if int(folder.name.split("=", 1)[1]) > batch_id:
                     shutil.rmtree(folder)
                     dropped += 1
+        prune_manifest(self.data_dir, batch_id)
         return dropped
+
+
+# ------------------------------------------------------------------------ the manifest
+
+
+def summarize_table(table: pa.Table, sink: str) -> dict:
+    """What the manifest records of a sink file's rows: ``rows, min_ms, max_ms`` (the sink's
+    time column, epoch ms; None without rows) and, for a sink with a group column, ``groups``
+    (rows per non-null value)."""
+    times = table[SINK_TIME[sink]].cast(pa.timestamp("ms", tz="UTC"), safe=False).cast(pa.int64())
+    bounds = pc.min_max(times)
+    facts = {"rows": table.num_rows, "min_ms": bounds["min"].as_py(), "max_ms": bounds["max"].as_py()}
+    if sink in SINK_GROUP:
+        counts = pc.value_counts(table[SINK_GROUP[sink]]).to_pylist()
+        facts["groups"] = {row["values"]: row["counts"] for row in counts if row["values"] is not None}
+    return facts
+
+
+def describe_file(path: Path, sink: str, batch_id: int) -> dict:
+    """The manifest line of one published sink file (reads only its time and group columns)."""
+    path = Path(path)
+    info = path.stat()
+    columns = [SINK_TIME[sink]] + ([SINK_GROUP[sink]] if sink in SINK_GROUP else [])
+    facts = summarize_table(pq.read_table(path, columns=columns), sink)
+    return {"sink": sink, "batch_id": int(batch_id), "file": path.name, "size": info.st_size,
+            "mtime_ns": info.st_mtime_ns, **facts}
+
+
+def record_published(data_dir: Path, published: Iterable[tuple[str, int]]) -> int:
+    """Append the manifest lines of the files in these published ``(sink, batch id)`` folders,
+    with one ``write``; returns the lines written. A failure is logged, not raised: the
+    console then reads those files itself."""
+    lines = []
+    try:
+        for sink, batch_id in published:
+            folder = store.sink_dir(data_dir, sink) / store.batch_folder(batch_id)
+            for path in sorted(folder.glob("*.parquet")):
+                lines.append(json.dumps(describe_file(path, sink, batch_id), separators=(",", ":")) + "\n")
+        if lines:
+            _append_lines(store.sink_manifest_path(data_dir), "".join(lines).encode())
+    except (OSError, pa.ArrowException) as exc:
+        log.warning("cannot record published sink files in %s (the console will read them itself): %s",
+                    store.sink_manifest_path(data_dir), exc)
+        return 0
+    return len(lines)
+
+
+def prune_manifest(data_dir: Path, last_batch_id: int) -> None:
+    """Rewrite the manifest without lines of batches after ``last_batch_id`` (nor torn lines),
+    atomically. A failure is logged: readers ignore lines of files that no longer exist."""
+    path = store.sink_manifest_path(data_dir)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        batches = [_batch_of_line(line) for line in lines]
+        tmp.write_text("".join(line + "\n" for line, batch_id in zip(lines, batches)
+                               if batch_id is not None and batch_id <= last_batch_id), encoding="utf-8")
+        os.replace(tmp, path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        log.warning("cannot prune the sink manifest %s after batch %d: %s", path, last_batch_id, exc)
+
+
+def _batch_of_line(line: str) -> int | None:
+    """The batch id of a manifest line; None for a line that does not parse (a torn write)."""
+    try:
+        return int(json.loads(line)["batch_id"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _append_lines(path: Path, data: bytes) -> None:
+    """Append complete lines with one ``write`` on an ``O_APPEND`` descriptor. A last line a
+    crash left half-written is ended first, so it stays one unreadable line of its own."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            data = b"\n" + data
+        written = os.write(fd, data)
+        if written != len(data):
+            raise OSError(f"short write to {str(path)!r}: {written} of {len(data)} bytes")
+    finally:
+        os.close(fd)
 
 
 def last_committed_batch(checkpoint: Path) -> int:

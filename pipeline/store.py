@@ -6,6 +6,7 @@
 <data_dir>/sinks/<name>/batch=<id>/    committed Parquet files, one folder per micro-batch
 <data_dir>/staging/<name>/batch=<id>/  files of a batch that Spark has not committed yet
 <data_dir>/metrics/<stream>/<day>.jsonl   append-only progress, tasks and events
+<data_dir>/metrics/sink_files.jsonl    append-only manifest of published sink files (pipeline/sinks.py)
 <data_dir>/savepoints/<name>/          named copies of the checkpoint (savepoint.json inside)
 <data_dir>/control/replay/<seq>.json   replay requests the running job picks up
 ```
@@ -56,6 +57,11 @@ def metrics_dir(data_dir: Path, stream: str) -> Path:
 
 def metrics_glob(data_dir: Path, stream: str) -> str:
     return str(metrics_dir(data_dir, stream) / "*.jsonl")
+
+
+def sink_manifest_path(data_dir: Path) -> Path:
+    """The manifest of published sink files: rows and time range per file, for the console."""
+    return Path(data_dir) / "metrics" / "sink_files.jsonl"
 
 
 def savepoints_dir(data_dir: Path) -> Path:

@@ -1,9 +1,11 @@
 """A factory of realistic data dirs for the console's tests and benchmark, in the on-disk contract.
 
 :func:`write_data_dir` writes what a run of the job leaves behind: the three Parquet sinks
-under ``sinks/<name>/batch=<012d>/part-*.parquet`` (pyarrow, the contract's types), and the
-``progress``, ``tasks`` and ``events`` JSON Lines of the metrics store, ending in a
-half-written line as a live job would. Everything is derived from one seeded random stream,
+under ``sinks/<name>/batch=<012d>/part-*.parquet`` (pyarrow, the contract's types), the sink
+manifest the job appends when it publishes a batch (written by the job's own
+:func:`pipeline.sinks.record_published`; ``manifest=False`` leaves it out, as a data dir of an
+older job), and the ``progress``, ``tasks`` and ``events`` JSON Lines of the metrics store,
+ending in a half-written line as a live job would. Everything is derived from one seeded random stream,
 so the same arguments give the same files; sizes scale from a few hundred rows (tests) to
 millions (bench/bench_console.py).
 
@@ -27,7 +29,7 @@ import pyarrow as pa
 import pytest
 import pyarrow.parquet as pq
 
-from pipeline import store
+from pipeline import sinks, store
 
 TS = pa.timestamp("us", tz="UTC")
 ORDERS_TOPIC = "persistent://public/default/orders"
@@ -88,6 +90,7 @@ def write_data_dir(
     tasks_per_stage: int = 4,
     now_ms: int | None = None,
     seed: int = 7,
+    manifest: bool = True,
 ) -> FixtureSummary:
     """Write a data dir whose newest batch ended ``now_ms`` minus half a trigger interval."""
     data_dir = Path(data_dir)
@@ -163,7 +166,9 @@ def write_data_dir(
             "batch_id": np.full(k, batch, dtype=np.int64), "source_topic": np.full(k, ORDERS_TOPIC),
             "source_partition": partition[e], "source_message_id": message_ids[e], "redrive_of": redrive_of,
         }
-        _write_batch(data_dir, "enriched", batch, enriched, ENRICHED_SCHEMA)
+        published = []  # the (sink, batch) folders this batch publishes
+        if _write_batch(data_dir, "enriched", batch, enriched, ENRICHED_SCHEMA):
+            published.append(("enriched", batch))
 
         # missing_state: {"invoice_id": 100140, "reason": "user", "user_id": 1000512, …}
         m = is_missing
@@ -183,7 +188,8 @@ def write_data_dir(
             "source_topic": np.full(j, ORDERS_TOPIC), "source_partition": partition[m],
             "source_message_id": message_ids[m], "redrive_of": np.full(j, None, dtype=object),
         }
-        _write_batch(data_dir, "missing_state", batch, missing, MISSING_SCHEMA)
+        if _write_batch(data_dir, "missing_state", batch, missing, MISSING_SCHEMA):
+            published.append(("missing_state", batch))
         missing_ids.extend(message_ids[m].tolist())
         if j and not summary.missing_example:
             summary.missing_example = {"invoice_id": int(invoice_ids[m][0]), "user_id": int(m_user[0]), "item_id": int(m_item[0])}
@@ -197,7 +203,10 @@ def write_data_dir(
             "error": np.full(i, "field 'invoiceId': expected an integer, got 'x'"), "published_at": _ts(published_ms[d]),
             "detected_at": _ts(np.full(i, committed_ms)), "batch_id": np.full(i, batch, dtype=np.int64),
         }
-        _write_batch(data_dir, "dead_letter", batch, dead, DEAD_LETTER_SCHEMA)
+        if _write_batch(data_dir, "dead_letter", batch, dead, DEAD_LETTER_SCHEMA):
+            published.append(("dead_letter", batch))
+        if manifest:
+            sinks.record_published(data_dir, published)  # as the job does once it publishes the batch
         summary.enriched_rows += k
         summary.missing_rows += j
         summary.dead_letter_rows += i
@@ -323,14 +332,16 @@ def _ts(epoch_ms: np.ndarray) -> pa.Array:
     return pa.array(values * 1000, type=pa.int64(), mask=values < 0).cast(TS)
 
 
-def _write_batch(data_dir: Path, sink: str, batch: int, columns: dict, schema: pa.Schema) -> None:
+def _write_batch(data_dir: Path, sink: str, batch: int, columns: dict, schema: pa.Schema) -> bool:
+    """Write one batch folder of a sink; False (and no folder) for a batch with no rows, as the job does."""
     if len(next(iter(columns.values()))) == 0:
-        return  # the job writes no file for a batch with no rows for this sink
+        return False
     folder = store.sink_dir(data_dir, sink) / store.batch_folder(batch)
     folder.mkdir(parents=True, exist_ok=True)
     table = pa.table({name: pa.array(columns[name], type=schema.field(name).type) if not isinstance(columns[name], pa.Array)
                       else columns[name] for name in schema.names}, schema=schema)
     pq.write_table(table, folder / f"part-00000-{uuid.uuid4()}.parquet")
+    return True
 
 
 def _write_jsonl(data_dir: Path, stream: str, rows: list[dict], half_written_tail: str = "") -> None:

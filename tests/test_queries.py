@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from app import console_math, metric_queries, queries, sources
-from app_fixtures import (ENRICHED_SCHEMA, empty_data_dir, fixture_data, read_metrics,  # noqa: F401 - fixtures
-                          read_sink)
+from app_fixtures import (ENRICHED_SCHEMA, MISSING_SCHEMA, empty_data_dir, fixture_data,  # noqa: F401 - fixtures
+                          read_metrics, read_sink)
 from pipeline import store
 
 
@@ -128,6 +128,45 @@ def test_throughput_buckets_count_back_from_the_window_end(connection, fixture_d
     assert rows["rows"].tolist() == expected
     assert rows["rows_per_second"].tolist() == pytest.approx([count / 5 for count in expected])
     assert _ms(rows["bucket_start"].dt.tz_localize("UTC")).tolist() == [end - 10_000, end - 5_000]
+
+
+def test_counts_are_exact_when_a_file_straddles_bucket_and_window_edges(connection, tmp_path):
+    # The job stamps one commit time per batch, so the catalog counts whole files; an older or
+    # foreign file may spread its rows, and then only that file is read. Both must add up.
+    end, rng = 1_800_000_000_000, np.random.default_rng(3)
+    spread = end - rng.integers(0, 130_000, 400)  # over two minutes: across the 60 s and every 5 s edge
+    batches = {0: spread, 1: np.full(50, end - 7_000), 2: np.full(30, end - 200_000)}
+    reasons = np.array(["user", "item", "user_and_item", None], dtype=object)
+    for batch, times in batches.items():
+        for sink, schema in (("enriched", ENRICHED_SCHEMA), ("missing_state", MISSING_SCHEMA)):
+            columns = {field.name: pa.nulls(len(times), field.type) for field in schema}
+            columns[queries.SINK_TIME[sink]] = pa.array(times * 1000).cast(pa.timestamp("us", tz="UTC"))
+            if sink == "missing_state":
+                columns["reason"] = pa.array(reasons[rng.integers(0, 3 if batch else 4, len(times))])
+            folder = store.sink_dir(tmp_path, sink) / store.batch_folder(batch)
+            folder.mkdir(parents=True)
+            pq.write_table(pa.table(columns, schema=schema), folder / "part-00000.parquet")
+    enriched, missing = read_sink(tmp_path, "enriched"), read_sink(tmp_path, "missing_state")
+
+    totals = queries.load_sink_totals(connection, tmp_path, end).set_index("sink")
+    times = _ms(enriched["enriched_at"])
+    assert totals.at["enriched", "rows_last_minute"] == int(((times > end - 60_000) & (times <= end)).sum())
+
+    throughput = queries.load_throughput(connection, tmp_path, end, window_s=90, bucket_s=5)
+    in_window = times[times > end - 90_000]
+    expected = (end - ((end - in_window) // 5000 + 1) * 5000).value_counts().sort_index()
+    rows = throughput[throughput["sink"] == "enriched"]
+    assert _ms(rows["bucket_start"].dt.tz_localize("UTC")).tolist() == expected.index.tolist()
+    assert rows["rows"].tolist() == expected.tolist()
+    assert str(throughput["bucket_start"].dtype) == "datetime64[us]"
+
+    by_reason = queries.load_missing_by_reason(connection, tmp_path, end, window_s=90, bucket_s=5)
+    times = _ms(missing["detected_at"])
+    picked = missing[(times > end - 90_000)].assign(bucket=end - ((end - times) // 5000 + 1) * 5000)
+    expected = picked.fillna({"reason": "NULL"}).groupby(["bucket", "reason"]).size()
+    got = by_reason.assign(bucket=_ms(by_reason["bucket_start"].dt.tz_localize("UTC"))).fillna({"reason": "NULL"})
+    assert got.set_index(["bucket", "reason"])["orders"].to_dict() == expected.to_dict()
+    assert got["bucket"].is_monotonic_increasing and by_reason["reason"].isna().any()
 
 
 def test_newest_enriched_orders(connection, fixture_data):
