@@ -33,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
+from bench.common import guard, table_records  # noqa: E402
 from pipeline import wire  # noqa: E402
 from pipeline.broker import EmbeddedBroker  # noqa: E402
 from pipeline.config import load_settings  # noqa: E402
@@ -42,12 +43,6 @@ from pipeline.producers import publish_records  # noqa: E402
 from pipeline.topics import make_client  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "throughput.json"
-
-
-def table_records(table) -> list[dict]:
-    names = list(table.columns)
-    columns = [table.columns[name].tolist() for name in names]
-    return [dict(zip(names, values)) for values in zip(*columns)]
 
 
 def load_topics(url: str, topics: dict, tables: dict) -> dict:
@@ -144,7 +139,7 @@ def job_run(settings, orders: int) -> dict:
 
     stop = threading.Event()
     errors: list[BaseException] = []
-    thread = threading.Thread(target=lambda: _guard(run_forever, errors, settings, stop=stop), daemon=True)
+    thread = threading.Thread(target=lambda: guard(run_forever, errors, settings, stop=stop), daemon=True)
     started = time.perf_counter()
     thread.start()
     while orders_done(settings.data_dir) < orders:
@@ -157,13 +152,6 @@ def job_run(settings, orders: int) -> dict:
     figures = sustained(read_rows(settings.data_dir, "progress"))
     figures["wall_s_including_start_up"] = wall
     return figures
-
-
-def _guard(func, errors, *args, **kwargs):
-    try:
-        func(*args, **kwargs)
-    except BaseException as exc:  # reported by the caller
-        errors.append(exc)
 
 
 def main(argv=None) -> dict:

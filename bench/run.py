@@ -2,6 +2,9 @@
 
 Each benchmark measures its baseline in the same run (absolute times on a shared 2-core
 machine are noisy; the ratios are what we track) and writes its own JSON beside this one.
+At the end one table of every figure beside its baseline is printed as Markdown (ready for
+the README) and saved as ``bench/results/latest.md``. A benchmark that fails is recorded
+with its error, the others still run, and the exit code is 1.
 """
 
 from __future__ import annotations
@@ -9,26 +12,123 @@ from __future__ import annotations
 import json
 import sys
 import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
-from bench import bench_console, bench_throughput  # noqa: E402
+from bench import bench_console, bench_latency, bench_recovery, bench_state, bench_throughput  # noqa: E402
+from bench.common import RESULTS_DIR, machine, now_utc  # noqa: E402
 
-LATEST = ROOT / "bench" / "results" / "latest.json"
+LATEST = RESULTS_DIR / "latest.json"
+LATEST_MD = RESULTS_DIR / "latest.md"
+
+# name -> (module, arguments): the scale of every figure, in one place.
+BENCHES = {
+    "throughput": (bench_throughput, ["--users", "1000000", "--items", "10000", "--orders", "2000000"]),
+    "latency": (bench_latency, []),
+    "recovery": (bench_recovery, []),
+    "state": (bench_state, []),
+    "console": (bench_console, ["--orders", "5000000"]),
+}
 
 
-def main() -> None:
+def run_one(name: str, module, argv: list[str]) -> dict:
+    print(f"\n=== {name} ({' '.join(argv) or 'defaults'}) ===", flush=True)
     started = time.perf_counter()
-    results = {"throughput": bench_throughput.main([])}
-    console = bench_console.main(["--orders", "5000000"]) if hasattr(bench_console, "main") else None
-    results["console"] = console if isinstance(console, dict) else json.loads(bench_console.RESULTS.read_text())
+    try:
+        returned = module.main(argv)
+        # bench_console returns an exit code and keeps its figures in its JSON
+        figures = returned if isinstance(returned, dict) else json.loads((RESULTS_DIR / f"{name}.json").read_text())
+    except Exception as exc:  # recorded; the other benchmarks still run
+        traceback.print_exc()
+        figures = {"error": f"{type(exc).__name__}: {exc}"}
+    figures["bench_s"] = round(time.perf_counter() - started, 1)
+    return figures
+
+
+def _f(value, spec: str = ",.2f", unit: str = "") -> str:
+    return "–" if value is None else f"{value:{spec}}{unit}"
+
+
+def figure_rows(results: dict) -> list[tuple[str, str, str, str]]:
+    """(figure, value, baseline measured in the same run, ratio) for the combined table."""
+    rows = []
+    t = results.get("throughput", {})
+    if "job" in t:
+        rows.append(("throughput, job (orders/s)", _f(t["job"]["orders_per_s"], ",.0f"),
+                     f"stateless Spark {_f(t['stateless_spark']['orders_per_s'], ',.0f')}", _f(t["job_vs_stateless"])))
+        rows.append(("throughput, job (orders/s)", _f(t["job"]["orders_per_s"], ",.0f"),
+                     f"plain Python consumer {_f(t['python_consumer']['orders_per_s'], ',.0f')}", _f(t["job_vs_python"], ".3f")))
+    for r in results.get("latency", {}).get("rates", []):
+        label = f"latency at {r['rate']:,}/s, p50 / p99"
+        if "skipped" in r:
+            rows.append((label, "not measured", r["skipped"], "–"))
+            continue
+        job, reader = r["job_enriched"], r["consumer"]
+        flag = "" if r["kept_up"] else " (fell behind; lower bounds)"
+        rows.append((label, f"{_f(job['p50_s'], '.2f')} / {_f(job['p99_s'], '.2f')} s{flag}",
+                     f"plain reader p99 {_f(reader['p99_s'] * 1000 if reader['p99_s'] is not None else None, '.0f')} ms",
+                     _f(r["job_p99_vs_consumer_p99"], ",.0f")))
+    rec = results.get("recovery", {})
+    if "cold_start" in rec:
+        cold = f"cold start {_f(rec['cold_start']['to_first_batch_s'], '.1f')} s"
+        rows.append(("recovery, kill -9 to first batch", _f(rec["kill_9"]["to_first_batch_s"], ".1f", " s"), cold,
+                     _f(rec["kill_9"]["vs_cold_start"])))
+        rows.append(("recovery, savepoint restore to first batch", _f(rec["restore"]["to_first_batch_s"], ".1f", " s"),
+                     cold, _f(rec["restore"]["vs_cold_start"])))
+        rows.append(("recovery, orders lost / duplicated", "0 / 0" if rec["exactly_once"] else "NOT exactly once",
+                     f"{rec['workload']['orders']:,} orders", "–"))
+    state = results.get("state", {})
+    if "steps" in state:
+        idle = state["idle_job"]["memory"]
+        for step in state["steps"]:
+            if "skipped" in step:
+                rows.append((f"state, {step['users']:,} users", "not measured", step["skipped"], "–"))
+                continue
+            m = step["memory"]
+            rows.append((f"state, {step['users']:,} users: job RSS (driver+JVM+workers)",
+                         f"{m['total_mb']:,.0f} MB ({m['driver_python_mb']:,.0f}+{m['jvm_mb']:,.0f}+{m['python_workers_mb']:,.0f})",
+                         f"idle job {idle['total_mb']:,.0f} MB", _f(step["rss_vs_idle"])))
+            rows.append((f"state, {step['users']:,} users: state on disk", f"{step['state_bytes'] / 1e6:,.0f} MB",
+                         f"raw users JSON {step['raw_json_bytes'] / 1e6:,.0f} MB", _f(step["state_vs_raw_json"])))
+    console = results.get("console", {})
+    if "pages" in console:
+        base = console["baseline"]["median_s"]
+        worst = max(console["pages"].items(), key=lambda item: item[1]["warm_s"])
+        rows.append((f"console, slowest page warm ({worst[0]})", _f(worst[1]["warm_s"], ".2f", " s"),
+                     f"DuckDB count over the sink {base:.2f} s", _f(worst[1]["warm_s"] / base if base else None)))
+    for name, figures in results.items():
+        if isinstance(figures, dict) and "error" in figures:
+            rows.append((f"{name}", "FAILED", figures["error"][:80], "–"))
+    return rows
+
+
+def markdown(results: dict) -> str:
+    m = results["machine"]
+    lines = [f"Measured {results['date']} on {m['cpus']} × {m['cpu_model']}, {m['memory_gb']} GB, {m['os']}, "
+             f"Python {m['python']} (load average at the start {m['load_average'][0]:.1f}); "
+             f"`make bench` took {results['total_s'] / 60:.0f} min.", "",
+             "| figure | value | baseline (same run) | ratio |", "| --- | --- | --- | --- |"]
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in figure_rows(results)]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    started = time.perf_counter()
+    results: dict = {"date": now_utc(), "machine": machine()}
+    for name, (module, argv) in BENCHES.items():
+        results[name] = run_one(name, module, argv)
     results["total_s"] = round(time.perf_counter() - started, 1)
     LATEST.parent.mkdir(parents=True, exist_ok=True)
-    LATEST.write_text(json.dumps(results, indent=2, default=str))
-    print(f"wrote {LATEST} in {results['total_s']:.0f}s")
+    LATEST.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    table = markdown(results)
+    LATEST_MD.write_text(table)
+    print("\n" + table)
+    print(f"wrote {LATEST} and {LATEST_MD} in {results['total_s']:.0f}s")
+    return 1 if any(isinstance(v, dict) and "error" in v for v in results.values()) else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

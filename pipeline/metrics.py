@@ -112,7 +112,10 @@ def build_progress_row(progress: dict, trigger_interval_ms: int, sink_rows: dict
     source = (progress.get("sources") or [{}])[0]
     topics = topic_rows(_offset(source.get("startOffset")), _offset(source.get("endOffset")),
                         _offset(source.get("latestOffset")))
-    operators = progress.get("stateOperators") or []
+    # Spark lists state operators from the top of the plan down (a pre-order walk), so the
+    # last stage comes first: ItemLookup, then UserLookup. Seen in the figures too: the item
+    # lookup's memory grew with users when the list was read in plan order.
+    operators = list(reversed(progress.get("stateOperators") or []))
     state = []
     for name, op in zip(STATEFUL_STAGES, operators):
         # Per-partition snapshot markers grow with the partition count and say little to an operator.

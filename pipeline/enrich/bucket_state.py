@@ -10,7 +10,9 @@ Three state variables per bucket (the grouping key of ``transformWithStateInPand
 - ``meta`` (ValueState ``token``): the token of the newest log entry or buffer change.
 
 A Python worker keeps each bucket's map in memory with the tokens of the log entries it was
-built from. Spark sends a bucket to whichever worker is free, so a worker often finds that
+built from, up to :data:`MAX_CACHED_RECORDS` records in all (least recently used buckets are
+dropped first, and rebuilt from the log when next needed). Spark hands tasks to any free
+worker, so without that bound every worker would end up holding every bucket. Spark sends a bucket to whichever worker is free, so a worker often finds that
 another one wrote since; it then reads the log and applies only the entries after the ones it
 has (a failed attempt of a batch wrote entries nobody else has, so a token that differs means
 rebuilding from the start).
@@ -22,11 +24,15 @@ from __future__ import annotations
 
 import pickle
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from pipeline.enrich import rules
 
 MAX_LOG_ENTRIES = 32
+# About 150 MB of cached state per Python worker; measured at about 5 KB per user per job
+# with no bound (every worker caching every bucket), which put 5M users out of reach of 24 GB.
+MAX_CACHED_RECORDS = 400_000
 
 
 @dataclass
@@ -37,7 +43,17 @@ class _Cached:
     waiting_ids: set[int] = field(default_factory=set)
 
 
-_CACHE: dict[tuple[str, int], _Cached] = {}
+_CACHE: "OrderedDict[tuple[str, int], _Cached]" = OrderedDict()  # least recently used first
+
+
+def _remember(key: tuple[str, int], cached: _Cached) -> None:
+    """Keep a bucket's map for the next call, dropping the least recently used over the bound."""
+    _CACHE[key] = cached
+    _CACHE.move_to_end(key)
+    total = sum(len(entry.records) for entry in _CACHE.values())
+    while total > MAX_CACHED_RECORDS and len(_CACHE) > 1:
+        _, dropped = _CACHE.popitem(last=False)
+        total -= len(dropped.records)
 
 
 def _dumps(value) -> bytes:
@@ -167,4 +183,4 @@ class BucketState:
         if self.pending or self.changed or not cached.token:
             cached.token = uuid.uuid4().hex
             self.meta_state.update((cached.token,))
-        _CACHE[(self.lookup, self.bucket)] = cached
+        _remember((self.lookup, self.bucket), cached)

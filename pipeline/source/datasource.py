@@ -55,6 +55,7 @@ from pipeline.source import reader as rd
 
 log = logging.getLogger(__name__)
 PARTITION_REFRESH_S = 10.0
+LOOK_AHEAD_EXTRA_S = 0.25
 SPLIT_ROWS = 10_000  # a partition's rows in one batch are read (and parsed) in pieces of about this
 
 
@@ -149,15 +150,19 @@ class PulsarStreamReader(DataSourceStreamReader):
         offset = off.with_partitions(start, self._topic_partitions())
         offset = self._apply_replay_requests(offset)
         available: dict[tuple[str, str], int] = {}
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         for kind, topic_offset in offset.items():
             new_gen = start.get(kind, {}).get("gen") != topic_offset["gen"]
             for p, part in topic_offset["parts"].items():
                 cursor = self._cursor(kind, topic_offset["gen"], p, part["id"], part["n"])
-                cursor.poll()
+                # Knowing max_rows ahead is enough to plan the batch; a short extra read grows
+                # the backlog seen (a lower bound) without holding each batch back for long.
+                if max_rows:
+                    cursor.poll(until_n=part["n"] + max_rows)
+                cursor.poll(budget_s=LOOK_AHEAD_EXTRA_S if max_rows else 1.0)
                 available[(kind, p)] = cursor.known_n - part["n"]
                 if new_gen:
                     log.info("replay of %s generation %s starts at %s", kind, topic_offset["gen"], part["id"])
-        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         grants = off.allocate({f"{k}\x00{p}": n for (k, p), n in available.items()}, max_rows)
         end = json.loads(json.dumps(offset))
         for key, grant in grants.items():

@@ -252,20 +252,24 @@ class PartitionCursor:
         del self._ledgers[:drop], self._entries[:drop], self._batches[:drop]
         self.base_n = n
 
-    def poll(self, budget_s: float = 1.0, first_wait_ms: int = 20) -> int:
-        """Read ahead for up to ``budget_s`` or until nothing more is there; returns rows read."""
+    def poll(self, budget_s: float = 1.0, first_wait_ms: int = 20, until_n: int | None = None) -> int:
+        """Read ahead for up to ``budget_s``, until nothing more is there, or until position
+        ``until_n`` is known (enough to plan the next batch); returns rows read."""
         import pulsar
 
         read = 0
         deadline = time.monotonic() + budget_s
         wait_ms = first_wait_ms
-        while len(self._ledgers) < self.max_ahead and time.monotonic() < deadline:
+        limit = self.max_ahead if until_n is None else min(self.max_ahead, until_n - self.base_n)
+        reached_end = False
+        while len(self._ledgers) < limit and time.monotonic() < deadline:
             try:
                 mid = self._reader.read_next(wait_ms).message_id()
             except pulsar.Timeout:
                 if not self._reader.is_connected():
                     # Surface a lost broker as a failure so the restart strategy sees it.
                     raise SourceError(f"lost the connection to the broker while reading {self.topic!r}") from None
+                reached_end = True
                 break
             except Exception as exc:
                 raise SourceError(f"reading ahead on {self.topic!r} partition {self.partition} failed: {exc}") from exc
@@ -279,12 +283,16 @@ class PartitionCursor:
             self._batches.append(mid.batch_index())
             read += 1
             wait_ms = 2  # the receiver queue is warm; a short wait means we reached the end
-        self._idle_polls = 0 if read else self._idle_polls + 1
+        # Only a poll that waited at the end counts as idle: stopping at a limit is not a stall.
+        if read:
+            self._idle_polls = 0
+        elif reached_end:
+            self._idle_polls += 1
         if self.redelivered >= self._redelivered_logged + 10_000:
             log.info("reader on %r partition %s: %d messages sent again so far, skipped", self.topic,
                      self.partition, self.redelivered)
             self._redelivered_logged = self.redelivered
-        if self._idle_polls and self._idle_polls % 3 == 0 and len(self._ledgers) < self.max_ahead:
+        if reached_end and not read and self._idle_polls % 3 == 0 and len(self._ledgers) < self.max_ahead:
             self._reopen_if_stalled()
         return read
 
