@@ -32,7 +32,7 @@ from pipeline.enrich import rules
 MAX_LOG_ENTRIES = 32
 # About 150 MB of cached state per Python worker; measured at about 5 KB per user per job
 # with no bound (every worker caching every bucket), which put 5M users out of reach of 24 GB.
-MAX_CACHED_RECORDS = 400_000
+MAX_CACHED_RECORDS = 600_000
 
 
 @dataclass

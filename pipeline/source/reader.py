@@ -118,20 +118,31 @@ def read_range(service_url: str, topic: str, kind: str, rng: Range, read_timeout
 
 
 class _RangeStream:
-    """The messages after a start id, each once, from a reader that is reopened if it stalls.
+    """The messages after a start id, each once, from a reader on its own connection that is
+    reopened if it stalls.
 
     pulsar-lite 0.2.0 sometimes stops feeding a reader (or sends entries again) when other
-    readers share its connection; a committed range is known to exist, so a silent reader is
-    reopened on a fresh connection right after the last message it gave.
+    readers have used its connection, which a reused Python worker's shared client always
+    has. So each range gets a connection of its own (a few milliseconds to open here), and
+    since a committed range is known to exist, a reader that still goes silent is reopened on
+    a fresh connection right after the last message it gave.
     """
 
-    STALL_S = 3.0
+    STALL_S = 1.5
 
     def __init__(self, service_url: str, name: str, topic: str, start_id: str, timeout_s: float):
         self.service_url, self.name, self.topic = service_url, name, topic
         self.last_id, self.last = start_id, _id_tuple(start_id)
         self.deadline = time.monotonic() + timeout_s
-        self.reader = open_reader(service_url, name, start_id)
+        self.client = self.reader = None
+        self._open(start_id)
+
+    def _open(self, start_id: str) -> None:
+        try:
+            self.client = new_client(self.service_url)
+        except Exception as exc:
+            raise SourceError(f"cannot connect to {self.service_url!r} to read {self.topic!r}: {exc}") from exc
+        self.reader = open_reader(self.service_url, self.name, start_id, client=self.client)
 
     def next(self):
         """The next message not seen yet, and its id text."""
@@ -140,14 +151,17 @@ class _RangeStream:
         quiet_since = time.monotonic()
         while True:
             try:
-                message = self.reader.read_next(500)
+                message = self.reader.read_next(250)
             except pulsar.Timeout:
                 now = time.monotonic()
                 if now > self.deadline:
                     raise SourceError(f"timed out re-reading committed messages of {self.topic!r}; "
                                       "is the broker up?") from None
                 if now - quiet_since > self.STALL_S:
-                    self._reopen()
+                    log.warning("reader on %r stalled after %s; reopening on a new connection", self.name,
+                                self.last_id)
+                    self.close()
+                    self._open(self.last_id)
                     quiet_since = now
                 continue
             found = message.message_id()
@@ -155,22 +169,13 @@ class _RangeStream:
                 self.last, self.last_id = _tuple_of(found), id_text(found)
                 return message, self.last_id
 
-    def _reopen(self) -> None:
-        log.warning("reader on %r stalled after %s; reopening on a new connection", self.name, self.last_id)
-        self.close()
-        stale = _clients.pop(self.service_url, None)
-        if stale is not None:
-            try:
-                stale.close()
-            except Exception:  # a broken connection may refuse to close cleanly
-                pass
-        self.reader = open_reader(self.service_url, self.name, self.last_id)
-
     def close(self) -> None:
-        try:
-            self.reader.close()
-        except Exception:  # closing a reader of a dead broker must not mask the real error
-            pass
+        for closeable in (self.reader, self.client):
+            try:
+                if closeable is not None:
+                    closeable.close()
+            except Exception:  # closing a reader of a dead broker must not mask the real error
+                pass
 
 
 def _tuple_of(message_id) -> tuple[int, int, int]:
