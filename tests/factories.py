@@ -24,19 +24,31 @@ def order(invoice: int, user_id: int, item_id: int, **fields) -> dict:
 
 
 def publish(service_url: str, topic: str, messages: list[tuple[str | None, bytes]], properties: dict | None = None) -> int:
-    """Send (key, payload) pairs in order and wait for every ack; returns the count."""
+    """Send (key, payload) pairs in order and wait for every ack; returns the count.
+
+    Raises if the broker refused any of them, so a test never waits for a message that was
+    never stored (a producer batch over the broker's size limit is refused whole).
+    """
     client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    refused: list[str] = []
+
+    def on_sent(result, _message_id) -> None:
+        if result != pulsar.Result.Ok:
+            refused.append(str(result))
+
     try:
         producer = client.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=2)
         for key, payload in messages:
             if key is None:
-                producer.send_async(payload, None, properties=properties)
+                producer.send_async(payload, on_sent, properties=properties)
             else:
-                producer.send_async(payload, None, partition_key=key, properties=properties)
+                producer.send_async(payload, on_sent, partition_key=key, properties=properties)
         producer.flush()
-        return len(messages)
     finally:
         client.close()
+    if refused:
+        raise AssertionError(f"the broker refused {len(refused)} of {len(messages)} messages to {topic}: {refused[0]}")
+    return len(messages)
 
 
 def keyed(kind: str, records: list[dict]) -> list[tuple[str, bytes]]:

@@ -141,8 +141,12 @@ def test_metrics_store_has_progress_tasks_and_events(scenario):
     assert any(p["state"] and p["state"][0]["operator"] == "user_lookup" for p in progress)
     kinds = [e["kind"] for e in read_rows(data_dir, "events")]
     assert kinds[0] == "job_started" and kinds[-1] == "job_stopped"
-    tasks = read_rows(data_dir, "tasks")
-    assert {t["stage"] for t in tasks} == {"user_lookup", "item_lookup"}
+    # Task rows come from Spark's REST API on a background thread, a little after each batch.
+    def stages_seen():
+        seen = {t["stage"] for t in read_rows(data_dir, "tasks")}
+        return seen if {"user_lookup", "item_lookup"} <= seen else None
+
+    assert wait_for(stages_seen, timeout=60, what="task rows of both stateful stages") == {"user_lookup", "item_lookup"}
 
 
 def test_state_survives_a_restart_without_replay(scenario):
