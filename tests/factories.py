@@ -37,7 +37,8 @@ def publish(service_url: str, topic: str, messages: list[tuple[str | None, bytes
             refused.append(str(result))
 
     try:
-        producer = client.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=2)
+        producer = client.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=2,
+                                          block_if_queue_full=True)  # wait for room; never drop a send
         for key, payload in messages:
             if key is None:
                 producer.send_async(payload, on_sent, properties=properties)
