@@ -76,6 +76,11 @@ def _coerce(field: Field, value: Any) -> Any:
         return float(value)
     if not isinstance(value, str):
         raise BadMessage(f"field {field.name!r} must be a string, got {type(value).__name__} {_short(value)}")
+    if not _text(value):
+        # JSON may escape a lone UTF-16 surrogate (\ud800): valid JSON, but no UTF-8 sink can hold it.
+        bad = next(i for i, char in enumerate(value) if 0xD800 <= ord(char) <= 0xDFFF)
+        raise BadMessage(f"field {field.name!r} holds a lone surrogate \\u{ord(value[bad]):04x} at character {bad}; "
+                         "text must be valid Unicode")
     return value
 
 
@@ -95,11 +100,22 @@ def parse_record(topic: str, record: Any) -> dict[str, Any]:
             if field.required:
                 raise BadMessage(f"required field {field.name!r} is missing")
             parsed[field.name] = field.default
-        elif type(value) is field.kind and (field.kind is str or _plain(value)):
+        elif type(value) is field.kind and (_text(value) if field.kind is str else _plain(value)):
             parsed[field.name] = value  # the common case, checked without _coerce's detours
         else:
             parsed[field.name] = _coerce(field, value)
     return parsed
+
+
+def _text(value: str) -> bool:
+    """A string that UTF-8 can encode (no lone surrogates): what every sink and Arrow needs."""
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _plain(value: int | float) -> bool:

@@ -122,3 +122,26 @@ def test_finish_orders_routes_and_measures_wait():
 def test_redrive_property():
     assert rules.redrive_of('{"redrive-of": "1:2:-1:-1"}') == "1:2:-1:-1"
     assert rules.redrive_of(None) is None and rules.redrive_of("not json") is None
+
+
+def test_lone_surrogate_in_a_string_field_is_a_dead_letter_naming_the_field():
+    payload = b'{"invoiceId": 1, "lineItemId": 1, "userId": 2, "itemId": 3, "price": 1.5, "createdAt": 1, ' \
+              b'"itemName": "\\ud800"}'
+    env = rules.route_message("orders", "1", payload, 1, 8)
+    assert env["op"] == "dead"
+    assert env["error"] == "field 'itemName' holds a lone surrogate \\ud800 at character 0; text must be valid Unicode"
+    assert env["payload"] == payload.decode()
+
+
+def test_a_failure_outside_the_wire_check_makes_one_dead_letter(monkeypatch):
+    def explode(kind, payload):
+        raise OverflowError("boom\nsecond line")
+
+    monkeypatch.setattr(rules.wire, "parse_payload", explode)
+    env = rules.route_message("orders", "1", b"{}", 1, 8)
+    assert env["op"] == "dead" and env["error"] == "cannot read the message: OverflowError: boom second line"
+
+
+def test_redrive_property_with_a_lone_surrogate_stays_encodable():
+    value = rules.redrive_of('{"redrive-of": "\\ud800x"}')
+    assert value == "\\ud800x" and value.encode("utf-8")

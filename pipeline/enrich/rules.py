@@ -103,8 +103,8 @@ def route_messages(kinds: list[str], keys: list, payloads: list, positions: list
         try:
             record = parse(kind, payload)
             deleted = wire.tombstone_key(keys[i]) if record is None else None
-        except wire.BadMessage as exc:
-            ops[i], errors[i], raw[i] = "dead", str(exc), payload_text(payload)
+        except Exception as exc:  # noqa: BLE001 - no message, whatever its bytes, may fail the batch
+            ops[i], errors[i], raw[i] = "dead", dead_letter_error(exc), payload_text(payload)
             user_buckets[i] = item_buckets[i] = spread
             continue
         if record is None:
@@ -121,6 +121,14 @@ def route_messages(kinds: list[str], keys: list, payloads: list, positions: list
     return columns
 
 
+def dead_letter_error(exc: Exception) -> str:
+    """The one-line error of a dead letter: a wire check's own text, or the failure named."""
+    if isinstance(exc, wire.BadMessage):
+        return str(exc)
+    text = " ".join(str(exc).split())[:300]
+    return f"cannot read the message: {type(exc).__name__}: {text}"
+
+
 def route_message(kind: str, key: str | None, payload: bytes | None, position: int | None, buckets: int) -> dict:
     """:func:`route_messages` for one message, as one dict of envelope columns."""
     return {name: values[0] for name, values in route_messages([kind], [key], [payload], [position], buckets).items()}
@@ -131,9 +139,13 @@ def redrive_of(properties_json: str | None) -> str | None:
     if not properties_json:
         return None
     try:
-        return json.loads(properties_json).get(REDRIVE_PROPERTY)
+        value = json.loads(properties_json).get(REDRIVE_PROPERTY)
     except (ValueError, AttributeError):
         return None
+    if not isinstance(value, str):
+        return None if value is None else str(value)
+    # A lone surrogate escaped in the JSON would fail the whole Arrow batch; keep it visible instead.
+    return value.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def lookup_outcome(found: bool, waited_ms: int, max_wait_ms: int) -> Outcome:
