@@ -21,6 +21,9 @@ def _settings(args: argparse.Namespace) -> Settings:
         cli["paths.data_dir"] = args.data_dir
     if args.service_url:
         cli["pulsar.service_url"] = args.service_url
+    for flag, key in (("exporter_address", "exporter.address"), ("exporter_port", "exporter.port")):
+        if getattr(args, flag, None) is not None:
+            cli[key] = getattr(args, flag)
     return load_settings(args.config, cli=cli)
 
 
@@ -100,9 +103,20 @@ def cmd_demo(args, settings):
 
 
 def cmd_exporter(args, settings):
-    from pipeline.exporter import serve_exporter
+    # The exporter reads through app/ (the reading side); pipeline/ never imports app/, so it
+    # runs as its own process, `python -m app.exporter`, with these settings as SS_* variables.
+    import os
+    import subprocess
 
-    serve_exporter(settings, port=args.port)
+    from pipeline.broker import die_with_parent
+    from pipeline.console import PROJECT_ROOT, settings_environment
+
+    env = {name: value for name, value in os.environ.items() if not name.startswith("SS_")}
+    env.update(settings_environment(settings))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))
+    code = subprocess.call([sys.executable, "-m", "app.exporter"], env=env, cwd=PROJECT_ROOT, preexec_fn=die_with_parent)
+    if code:
+        raise SystemExit(code)  # the exporter has printed its one-line error
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -160,8 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("app", cmd_app, "run the Streamlit console on app.address:app.port")
     add("demo", cmd_demo, "run broker, producers, job and console together (what 'make demo' runs)")
-    exporter = add("exporter", cmd_exporter, "serve the job metrics in Prometheus text format")
-    exporter.add_argument("--port", type=int, default=9464)
+    exporter = add("exporter", cmd_exporter, "serve the job's metrics to Prometheus (runs python -m app.exporter)")
+    exporter.add_argument("--address", dest="exporter_address", help="shortcut for --set exporter.address=…")
+    exporter.add_argument("--port", dest="exporter_port", help="shortcut for --set exporter.port=…")
     return parser
 
 

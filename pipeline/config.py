@@ -138,12 +138,14 @@ class Key:
 KEYS: tuple[Key, ...] = (
     Key("pulsar.service_url", EMBEDDED, _service_url, "Broker URL, or 'embedded' for pulsar-lite"),
     Key("pulsar.admin_url", None, _admin_url, "Pulsar admin REST URL (none for pulsar-lite)"),
+    Key("pulsar.auth_token", None, _optional_text, "JWT for a Pulsar with token authentication (secret; never logged)"),
     Key("topics.users", "persistent://public/default/users", _topic, "Users changelog topic"),
     Key("topics.items", "persistent://public/default/items", _topic, "Items changelog topic"),
     Key("topics.orders", "persistent://public/default/orders", _topic, "Orders event topic"),
     Key("paths.data_dir", "./var", _text, "Broker data, checkpoints, sinks and metrics"),
     Key("spark.master", "local[*]", _spark_master, "Spark master URL"),
     Key("spark.shuffle_partitions", 0, _int_at_least(0), "Shuffle partitions; 0 sizes them to the cores"),
+    Key("spark.auth_secret", None, _optional_text, "Shared secret for Spark RPC authentication (spark.authenticate); secret"),
     Key("job.trigger_interval", "1s", _positive_duration, "Micro-batch trigger interval"),
     Key("job.max_rows_per_batch", 200_000, _int_at_least(1), "Most source rows in one micro-batch"),
     Key("job.start_from", "earliest", _choice("earliest", "latest"), "Where a fresh checkpoint starts reading every topic"),
@@ -154,7 +156,10 @@ KEYS: tuple[Key, ...] = (
     Key("app.address", "127.0.0.1", _text, "Console bind address"),
     Key("app.port", 8501, _port, "Console port"),
     Key("app.admin_token", None, _optional_text, "Token that control actions require (needed off loopback)"),
+    Key("exporter.address", "127.0.0.1", _text, "Prometheus exporter bind address"),
+    Key("exporter.port", 9464, _port, "Prometheus exporter port"),
 )
+SECRET_KEYS = ("pulsar.auth_token", "spark.auth_secret", "app.admin_token")
 KEYS_BY_NAME = {key.name: key for key in KEYS}
 CONFIG_FILE_ENV = "SS_CONFIG"
 
@@ -196,7 +201,7 @@ class Settings:
 
     def redacted(self) -> dict[str, Any]:
         """The settings with secrets masked, for logs and the metrics store."""
-        return {k: ("***" if k == "app.admin_token" and v else v) for k, v in self.values.items()}
+        return {k: ("***" if k in SECRET_KEYS and v else v) for k, v in self.values.items()}
 
     def with_overrides(self, **dotted: Any) -> "Settings":
         """A copy with some keys replaced (keys use '__' for '.'), each value checked."""

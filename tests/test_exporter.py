@@ -1,107 +1,179 @@
-"""The Prometheus exporter: a real HTTP scrape on 127.0.0.1, parsed and checked against the
-metrics store and sinks read independently."""
+"""The Prometheus exporter (app/exporter.py): a real HTTP scrape on 127.0.0.1, parsed with
+prometheus_client's own parser and checked against the metrics store and sinks read independently;
+the CLI entry as a real process."""
 
 from __future__ import annotations
 
+import ast
+import os
 import re
-import threading
-import urllib.error
+import socket
+import subprocess
+import sys
 import urllib.request
+from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from app.exporter import LATENCY_BUCKETS_S, METRICS, start_exporter
 from app_fixtures import empty_data_dir, fixture_data, read_metrics, read_sink  # noqa: F401 - fixtures
 from pipeline.config import load_settings
 from pipeline.errors import StatefulStreamsError
-from pipeline.exporter import build_exporter
+from waiting import wait_for
 
-SAMPLE = re.compile(r'^(?P<name>[a-z_]+)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$')
+ROOT = Path(__file__).resolve().parent.parent
+P = "stateful_streams_"
+
+
+def _get(url: str) -> tuple[str, str]:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.headers["Content-Type"], response.read().decode()
 
 
 def _scrape(data_dir) -> tuple[str, str]:
-    settings = load_settings(env={}, cli={"paths.data_dir": str(data_dir)})
-    server = build_exporter(settings, port=0)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    exporter = start_exporter(load_settings(env={}, cli={"paths.data_dir": str(data_dir)}), port=0)
     try:
-        host, port = server.server_address[:2]
-        assert host == "127.0.0.1"
-        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
-            return response.headers["Content-Type"], response.read().decode()
+        assert exporter.address[0] == "127.0.0.1"
+        return _get(exporter.url)
     finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+        exporter.close()
 
 
 def _samples(text: str) -> dict[str, float]:
+    """``{'name{a="b"}': value}`` for every sample, parsed by prometheus_client."""
     samples = {}
-    for line in text.splitlines():
-        if line.startswith("#") or not line:
-            continue
-        match = SAMPLE.match(line)
-        assert match, f"not exposition format: {line!r}"
-        key = match["name"] + (f"{{{match['labels']}}}" if match["labels"] else "")
-        samples[key] = float(match["value"])
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()) if k != "le")
+            le = sample.labels.get("le")
+            key = sample.name + (f"{{{labels}}}" if labels else "") + (f"[le={float(le)}]" if le else "")
+            samples[key] = sample.value
     return samples
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def test_scrape_matches_the_metrics_store(fixture_data):
     content_type, text = _scrape(fixture_data.data_dir)
-    assert content_type.startswith("text/plain; version=0.0.4")
+    assert content_type.startswith("text/plain")
     samples = _samples(text)
     progress = read_metrics(fixture_data.data_dir, "progress")
     newest = progress[-1]
-    p = "stateful_streams_"
-    assert samples[p + "batches_total"] == len(progress)
-    assert samples[p + "last_batch_id"] == newest["batch_id"]
-    assert samples[p + "input_rows_per_second"] == newest["input_rows_per_second"]
-    assert samples[p + "processed_rows_per_second"] == newest["processed_rows_per_second"]
-    assert samples[p + "batch_duration_ms"] == newest["batch_duration_ms"]
-    assert samples[p + "state_size_bytes"] == newest["state_size_bytes"]
+    assert samples[P + "batches_total"] == len(progress)
+    assert samples[P + "last_batch_id"] == newest["batch_id"]
+    assert samples[P + "input_rows_per_second"] == newest["input_rows_per_second"]
+    assert samples[P + "processed_rows_per_second"] == newest["processed_rows_per_second"]
+    assert samples[P + "batch_duration_ms"] == newest["batch_duration_ms"]
+    assert samples[P + "state_size_bytes"] == newest["state_size_bytes"]
+    for phase, ms in newest["duration_ms"].items():
+        assert samples[f'{P}batch_phase_duration_ms{{phase="{phase}"}}'] == ms
     for op in newest["state"]:
-        assert samples[f'{p}state_rows{{operator="{op["operator"]}"}}'] == op["rows_total"]
+        assert samples[f'{P}state_rows{{operator="{op["operator"]}"}}'] == op["rows_total"]
+        assert samples[f'{P}state_commit_ms{{operator="{op["operator"]}"}}'] == op["commit_ms"]
     for sink in ("enriched", "missing_state", "dead_letter"):
-        assert samples[f'{p}sink_rows_total{{sink="{sink}"}}'] == sum(row["sink_rows"][sink] for row in progress)
+        assert samples[f'{P}sink_rows_total{{sink="{sink}"}}'] == sum(row["sink_rows"][sink] for row in progress)
     for topic in newest["topics"]:
-        assert samples[f'{p}backlog_messages{{topic="{topic["topic"]}"}}'] == topic["latest_position"] - topic["end_position"]
+        assert samples[f'{P}backlog_messages{{topic="{topic["topic"]}"}}'] == topic["latest_position"] - topic["end_position"]
     events = read_metrics(fixture_data.data_dir, "events")
-    assert samples[p + "restarts_total"] == sum(e["kind"] == "restart" for e in events) == 1
-    assert samples[p + "dead_letters_total"] == len(read_sink(fixture_data.data_dir, "dead_letter"))
-    assert sum(v for k, v in samples.items() if k.startswith(p + "job_state{")) == 1
+    assert samples[P + "restarts_total"] == sum(e["kind"] == "restart" for e in events) == 1
+    assert samples[P + "dead_letters_total"] == len(read_sink(fixture_data.data_dir, "dead_letter"))
+    assert sum(v for k, v in samples.items() if k.startswith(P + "job_state{")) == 1
     for name in ("batches_total", "sink_rows_total", "restarts_total", "dead_letters_total"):
-        assert f"# TYPE {p}{name} counter" in text
-    assert f"# TYPE {p}state_rows gauge" in text and f"# HELP {p}backlog_messages " in text
+        assert f"# TYPE {P}{name} counter" in text
+    assert f"# TYPE {P}state_rows gauge" in text and f"# HELP {P}backlog_messages " in text
+    assert f"# TYPE {P}end_to_end_latency_seconds histogram" in text
+
+
+def test_latency_histogram_counts_every_committed_enriched_order(fixture_data):
+    samples = _samples(_scrape(fixture_data.data_dir)[1])
+    enriched = read_sink(fixture_data.data_dir, "enriched")
+    latency_s = (enriched["enriched_at"] - enriched["published_at"]).dt.total_seconds().dropna()
+    name = P + "end_to_end_latency_seconds"
+    assert samples[name + "_count"] == len(latency_s) > 0
+    assert samples[name + "_sum"] == pytest.approx(latency_s.sum())
+    for bound in LATENCY_BUCKETS_S:
+        assert samples[f"{name}_bucket[le={bound}]"] == (latency_s <= bound).sum(), bound
+    assert samples[f"{name}_bucket[le=inf]"] == len(latency_s)
+
+
+def test_every_served_family_is_listed_and_every_listed_metric_is_served(fixture_data):
+    served = {family.name: family.type for family in text_string_to_metric_families(_scrape(fixture_data.data_dir)[1])}
+    # the parser names counters without _total; METRICS lists what Prometheus stores
+    listed = {re.sub(r"_total$", "", name) if kind == "counter" else name: kind for name, kind in METRICS.items()}
+    assert served == listed
 
 
 def test_scrape_of_an_untouched_data_dir_has_zero_counters_and_no_invented_gauges(empty_data_dir):
-    _, text = _scrape(empty_data_dir)
-    samples = _samples(text)
-    assert samples["stateful_streams_batches_total"] == 0
-    assert samples["stateful_streams_restarts_total"] == 0
-    assert samples['stateful_streams_job_state{state="not_started"}'] == 1
-    assert "stateful_streams_last_batch_id" not in samples  # unknown, so left out
-
-
-def test_other_paths_are_not_found(empty_data_dir):
-    settings = load_settings(env={}, cli={"paths.data_dir": str(empty_data_dir)})
-    server = build_exporter(settings, port=0)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        with pytest.raises(urllib.error.HTTPError) as error:
-            urllib.request.urlopen(f"http://127.0.0.1:{server.server_address[1]}/", timeout=10)
-        assert error.value.code == 404
-    finally:
-        server.shutdown()
-        server.server_close()
+    samples = _samples(_scrape(empty_data_dir)[1])
+    assert samples[P + "batches_total"] == 0
+    assert samples[P + "restarts_total"] == 0
+    assert samples[P + "end_to_end_latency_seconds_count"] == 0
+    assert samples[f'{P}job_state{{state="not_started"}}'] == 1
+    for unknown in ("last_batch_id", "batch_duration_ms", "backpressure_ratio", "state_size_bytes"):
+        assert P + unknown not in samples  # unknown, so left out
 
 
 def test_a_busy_port_is_a_one_line_error(empty_data_dir):
     settings = load_settings(env={}, cli={"paths.data_dir": str(empty_data_dir)})
-    first = build_exporter(settings, port=0)
+    first = start_exporter(settings, port=0)
     try:
-        with pytest.raises(StatefulStreamsError, match=r"cannot listen on 127\.0\.0\.1:\d+ .*pick another --port"):
-            build_exporter(settings, port=first.server_address[1])
+        with pytest.raises(StatefulStreamsError, match=r"cannot listen on 127\.0\.0\.1:\d+ .*pick another --port") as error:
+            start_exporter(settings, port=first.address[1])
+        assert "\n" not in str(error.value)
     finally:
-        first.server_close()
+        first.close()
+
+
+@pytest.mark.parametrize("port", ["70000", "-1", "0", "http"])
+def test_cli_rejects_a_bad_port_with_one_line(tmp_path, port):
+    result = subprocess.run([sys.executable, "-m", "pipeline", "--data-dir", str(tmp_path), "exporter", "--port", port],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+    assert result.stderr.startswith(f"error: setting 'exporter.port' = '{port}' (from command line) is not valid")
+    assert "1 to 65535" in result.stderr or ">= 1" in result.stderr
+
+
+def test_cli_serves_on_the_configured_port_and_dies_with_its_parent(empty_data_dir):
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SS_")} | {"SS_EXPORTER_PORT": str(port)}
+    parent = subprocess.Popen([sys.executable, "-m", "pipeline", "--data-dir", str(empty_data_dir), "exporter"],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        def scraped():
+            try:
+                return _get(url)[1]
+            except OSError:
+                assert parent.poll() is None, parent.communicate()
+                return None
+
+        assert P + "batches_total 0.0" in wait_for(scraped, timeout=60, what="the exporter's first answer")
+    finally:
+        parent.terminate()
+        parent.wait(timeout=30)
+
+    def refused():
+        try:
+            _get(url)
+        except OSError:
+            return True
+        return False
+
+    wait_for(refused, timeout=30, what="the exporter process to stop with its parent")
+
+
+def test_pipeline_never_imports_app():
+    """The data flows one way: the job's package never imports the reading side."""
+    offenders = []
+    for path in (ROOT / "pipeline").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.relative_to(ROOT)}: {name}" for name in names if name == "app" or name.startswith("app.")]
+    assert not offenders
