@@ -17,12 +17,17 @@ $(STAMP): requirements.txt
 	$(PY) -m pip install --quiet -r requirements.txt
 	touch $(STAMP)
 
-# Spark needs a JRE; the UI smoke test needs Debian's chromium. Installed only when missing.
+# Spark needs a JRE; the UI smoke test needs Debian's chromium; the exporter's test scrapes with
+# Debian's prometheus (the tests start their own on loopback, so the service the package would
+# start on :9090 of every interface is disabled). Installed only when missing.
 system-deps:
 	@command -v java >/dev/null || { echo "installing a JRE for Spark"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq openjdk-17-jre-headless >/dev/null; }
 	@[ -x /usr/bin/chromium ] || { echo "installing Debian's chromium for the browser test"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium >/dev/null; }
+	@[ -x /usr/bin/prometheus ] || { echo "installing Debian's prometheus for the exporter test (binary only)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends prometheus >/dev/null && \
+	  { ! command -v systemctl >/dev/null || $(SUDO) systemctl disable --now prometheus >/dev/null 2>&1 || true; }; }
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
