@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup system-deps demo test test-fast bench clean
 
-setup: $(STAMP) system-deps
+setup: $(STAMP) system-deps $(LOOKUP_JAR)
 
 # The virtualenv with the pinned packages; rebuilt when requirements.txt changes.
 $(STAMP): requirements.txt
@@ -16,6 +16,18 @@ $(STAMP): requirements.txt
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
 	touch $(STAMP)
+
+# The one Java class of the job (the keyed lookup operator), compiled against the pyspark wheel's
+# jars and rebuilt only when its source or the wheel changes. The job adds it with spark.jars.
+LOOKUP_SRC := $(wildcard pipeline/enrich/jvm/statefulstreams/*.java)
+LOOKUP_JAR := pipeline/enrich/jvm/build/changelog-lookup.jar
+$(LOOKUP_JAR): $(LOOKUP_SRC) $(STAMP)
+	@command -v javac >/dev/null || { echo "installing a JDK to build the lookup operator"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq openjdk-17-jdk-headless >/dev/null; }
+	@jars=$$($(PY) -c "import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), 'jars'))"); \
+	  rm -rf pipeline/enrich/jvm/build/classes && mkdir -p pipeline/enrich/jvm/build/classes && \
+	  javac -nowarn --release 17 -cp "$$jars/*" -d pipeline/enrich/jvm/build/classes $(LOOKUP_SRC) && \
+	  jar cf $@.tmp -C pipeline/enrich/jvm/build/classes . && mv $@.tmp $@ && echo "built $@"
 
 # Spark needs a JRE; the UI smoke test needs Debian's chromium; the exporter's test scrapes with
 # Debian's prometheus (the tests start their own on loopback, so the service the package would

@@ -1,11 +1,12 @@
-"""The enrichment job: read → parse → UserLookup → ItemLookup → sinks, with a restart strategy.
+"""The enrichment job: read → parse → user lookup → item lookup → sinks, with a restart strategy.
 
 ``python -m pipeline run`` calls :func:`run_forever`. The query plan is one chain::
 
-    pulsar source ─ mapInArrow(parse) ─ groupBy(user_bucket).transformWithStateInPandas(UserLookup)
-                  ─ groupBy(item_bucket).transformWithStateInPandas(ItemLookup) ─ foreachBatch(sinks)
+    pulsar source ─ mapInArrow(parse) ─ groupByKey(user_id).transformWithState(ChangelogLookup)
+                  ─ groupByKey(item_id).transformWithState(ChangelogLookup) ─ foreachBatch(sinks)
 
-Between the stages rows travel as Arrow IPC chunks, one per key bucket (pipeline/enrich/chunks.py).
+The lookups are one Java operator used twice (pipeline/enrich/lookups.py, jvm/); everything
+else is Python.
 
 On failure the query restarts from its last checkpoint up to ``job.restart.attempts`` times,
 ``job.restart.delay`` apart; each attempt is an event. Sink or checkpoint path errors stop the
@@ -19,11 +20,12 @@ import os
 import re
 import signal
 import threading
+from pathlib import Path
 
 from pipeline import store
 from pipeline.broker import EmbeddedBroker, running_embedded_url
 from pipeline.config import Settings
-from pipeline.errors import SinkError, StatefulStreamsError
+from pipeline.errors import ConfigError, SinkError, StatefulStreamsError
 from pipeline.metrics import MetricsStore
 from pipeline.sinks import SinkWriter, last_committed_batch
 
@@ -45,16 +47,37 @@ def summarize_error(text: str) -> str:
     return (lines[0] if lines else "unknown error")[:500]
 
 
+CHECKPOINT_LAYOUT = "changelog-lookup-v1"  # what the state in a checkpoint was written by
+
+
+def check_checkpoint_layout(checkpoint: Path) -> None:
+    """Refuse a checkpoint whose state an older job layout wrote; mark a fresh one as ours.
+
+    The bucketed Python lookups kept their state in another shape, which Spark cannot read
+    into the JVM operator; their checkpoints carry no layout file.
+    """
+    marker = checkpoint / "layout"
+    if marker.is_file() and marker.read_text().strip() == CHECKPOINT_LAYOUT:
+        return
+    if last_committed_batch(checkpoint) >= 0:
+        found = marker.read_text().strip() if marker.is_file() else "the bucketed Python lookups (before the JVM operator)"
+        raise ConfigError(f"checkpoint {str(checkpoint)!r} was written by {found} and cannot be restored into "
+                          f"this job; move it aside (or delete it) to start fresh from the topics")
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    marker.write_text(CHECKPOINT_LAYOUT + "\n")
+
+
 def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter):
     """Start the streaming query (returns the StreamingQuery)."""
-    from pipeline.enrich.parse import parser
-    from pipeline.enrich.processors import ItemLookup, UserLookup
-    from pipeline.enrich.chunks import ITEM_CHUNKS, USER_CHUNKS, decode_table
+    from pipeline.enrich import rules
+    from pipeline.enrich.lookups import LOOKUPS, apply_lookup
+    from pipeline.enrich.parse import parse_batches
     from pipeline.source.datasource import PulsarDataSource
     from pipeline.spark import shuffle_partitions
 
+    checkpoint = store.checkpoint_dir(settings.data_dir)
+    check_checkpoint_layout(checkpoint)
     spark.dataSource.register(PulsarDataSource)
-    data_dir = settings.data_dir
     topics = ",".join(f"{kind}={topic}" for kind, topic in settings.topics.items())
     max_rows = settings["job.max_rows_per_batch"]
     # About two read tasks per core for a full batch: each task opens a reader mid-topic, which costs
@@ -63,23 +86,20 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
     source = (spark.readStream.format("pulsar").option("service_url", service_url).option("topics", topics)
               .option("maxRowsPerBatch", max_rows).option("splitRows", split_rows)
               .option("startingOffsets", settings["job.start_from"])
-              .option("controlDir", str(store.replay_requests_dir(data_dir))).load())
+              .option("controlDir", str(store.replay_requests_dir(settings.data_dir))).load())
     # {"kind": "orders", "topic": …, "partition": -1, "message_id": "0:5:-1:2", "position": 42, "key": "1001", "value": b"…"}
-    envelopes = source.mapInArrow(parser(settings["job.buckets"]), USER_CHUNKS)
-    # {"user_bucket": 17, "rows": <Arrow IPC of envelope rows {"kind": "orders", "op": "order", "user_id": 17, …}>}
-    with_user = envelopes.groupBy("user_bucket").transformWithStateInPandas(
-        UserLookup(settings.max_wait_ms), ITEM_CHUNKS, "Append", "ProcessingTime")
-    # {"item_bucket": 4, "rows": <… += {"user_first_name": "Ada", …, "user_state": "found", "first_seen_ms": …}>}
-    rows = with_user.groupBy("item_bucket").transformWithStateInPandas(
-        ItemLookup(settings.max_wait_ms), ITEM_CHUNKS, "Append", "ProcessingTime")
-    # {"item_bucket": 4, "rows": <… += {"item_name": "…", "sink": "enriched" | "missing_state" | "dead_letter", …}>}
+    rows = source.mapInArrow(parse_batches, rules.ENVELOPE_SPARK_SCHEMA)
+    # {"kind": "orders", "op": "order", "user_id": 17, "item_id": 4, …, "user_state": None, "item_state": None}
+    for lookup in LOOKUPS:
+        rows = apply_lookup(rows, lookup, settings.max_wait_ms)
+    # {… "user_first_name": "Ada", "user_state": "found", "item_name": "…", "item_state": "missing", "waited_ms": 0}
 
     def write_batch(batch_df, batch_id: int) -> None:
-        writer.write_wide(decode_table(batch_df.toArrow().column("rows").to_pylist()), batch_id)
+        writer.write_wide(rules.with_sinks(batch_df.toArrow()), batch_id)
 
     interval_ms = int(settings["job.trigger_interval"] * 1000)
     return (rows.writeStream.queryName("enrichment").foreachBatch(write_batch)
-            .option("checkpointLocation", str(store.checkpoint_dir(data_dir)))
+            .option("checkpointLocation", str(checkpoint))
             .trigger(processingTime=f"{interval_ms} milliseconds").start())
 
 
@@ -103,34 +123,38 @@ def connect_broker(settings: Settings) -> tuple[str, EmbeddedBroker | None]:
 
 
 def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event | None = None) -> None:
-    """Run the job until stopped (Ctrl-C / SIGTERM / ``stop``), ``max_batches`` are done, or it fails for good."""
+    """Run the job until stopped (Ctrl-C / SIGTERM / ``stop``), ``max_batches`` are done, or it fails for good.
+
+    Holds the data dir's job lock (pipeline/control.py) from before the broker starts to the end,
+    so a second job on the same data dir refuses at once, and a restore never runs under it.
+    """
     from pyspark.errors import StreamingQueryException
 
+    from pipeline.control import acquire_job_lock, recover_restore
     from pipeline.listener import JobListener
     from pipeline.spark import build_spark
     from pipeline.topics import ensure_topics
 
-    service_url, own_broker = connect_broker(settings)
-    metrics_store = MetricsStore(settings.data_dir)
-    writer = SinkWriter(settings.data_dir)
-    stop = stop or threading.Event()
-    batches_done = [0]
-    listener = None
-
-    def on_batch(batch_id: int) -> None:
-        batches_done[0] += 1
-        if max_batches and batches_done[0] >= max_batches:
-            stop.set()
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        signal.signal(signal.SIGINT, lambda *_: stop.set())
-    from pipeline.control import pid_file
-
-    pid = pid_file(settings)
-    pid.parent.mkdir(parents=True, exist_ok=True)
-    pid.write_text(str(os.getpid()))
+    if max_batches < 0:
+        raise StatefulStreamsError(f"max_batches {max_batches!r} must be >= 0 (0 = run until stopped)")
+    lock = acquire_job_lock(settings, "job")
+    own_broker = listener = None
     try:
+        recover_restore(settings)
+        service_url, own_broker = connect_broker(settings)
+        metrics_store = MetricsStore(settings.data_dir)
+        writer = SinkWriter(settings.data_dir)
+        stop = stop or threading.Event()
+        batches_done = [0]
+
+        def on_batch(batch_id: int) -> None:
+            batches_done[0] += 1
+            if max_batches and batches_done[0] >= max_batches:
+                stop.set()
+
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, lambda *_: stop.set())
+            signal.signal(signal.SIGINT, lambda *_: stop.set())
         ensure_topics(settings, service_url)
         spark = build_spark(settings)
         sc = spark.sparkContext
@@ -145,8 +169,13 @@ def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event 
             last = recover_sinks(writer, settings)
             query = build_query(spark, settings, service_url, writer)
             try:
-                while query.isActive and not stop.is_set():
+                while query.isActive and not stop.is_set() and writer.failure is None:
                     query.awaitTermination(0.5)
+                if writer.failure is not None:  # a committed batch could not be published
+                    query.stop()
+                    error = str(writer.failure)
+                    metrics_store.event("job_failed", f"job stopped: {error}", error=error)
+                    raise SinkError(error) from None
                 if stop.is_set():
                     query.stop()
                     metrics_store.event("job_stopped", f"job stopped after batch {last_committed_batch(store.checkpoint_dir(settings.data_dir))}")
@@ -170,8 +199,8 @@ def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event 
                     metrics_store.event("job_stopped", "job stopped while waiting to restart")
                     return
     finally:
-        pid.unlink(missing_ok=True)
         if listener is not None:
             spark.streams.removeListener(listener)
         if own_broker is not None:
             own_broker.stop()
+        lock.release()

@@ -33,9 +33,13 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
+    from pipeline.enrich.lookups import require_jar
+
     builder = (
         SparkSession.builder.master(settings["spark.master"]).appName(app_name)
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions(settings)))
+        # The lookup operator's jar: on the driver's classpath, and shipped by Spark to a cluster's executors.
+        .config("spark.jars", str(require_jar()))
         .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
         .config("spark.sql.streaming.stateStore.stateSchemaCheck", "true")

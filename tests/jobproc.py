@@ -15,7 +15,7 @@ from pipeline.job import run_forever
 def cli_args(settings) -> list[str]:
     """--set flags that reproduce these settings in a child process."""
     keys = ("pulsar.service_url", "paths.data_dir", "spark.master", "job.trigger_interval", "job.max_rows_per_batch",
-            "job.buckets", "job.restart.attempts", "job.restart.delay", "enrichment.max_wait",
+            "job.restart.attempts", "job.restart.delay", "enrichment.max_wait",
             "topics.users", "topics.items", "topics.orders")
     args = []
     for key in keys:

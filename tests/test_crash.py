@@ -19,7 +19,7 @@ def committed_batches(data_dir) -> int:
 
 
 def test_kill_9_three_times_keeps_every_order_exactly_once(settings_factory, tmp_path):
-    settings = settings_factory(job__max_rows_per_batch=120, enrichment__max_wait="0s", job__buckets=4)
+    settings = settings_factory(job__max_rows_per_batch=120, enrichment__max_wait="0s")
     url, topics, data_dir = settings.service_url, settings.topics, settings.data_dir
     publish(url, topics["users"], keyed("users", [user(u) for u in range(1, 41)]))
     publish(url, topics["items"], keyed("items", [item(i) for i in range(1, 9)]))

@@ -34,7 +34,7 @@ def snapshot(data_dir) -> dict:
 
 
 def test_savepoint_restore_replays_to_the_same_output(settings_factory):
-    settings = settings_factory(enrichment__max_wait="0s", job__buckets=4)
+    settings = settings_factory(enrichment__max_wait="0s")
     url, orders_topic, data_dir = settings.service_url, settings.topics["orders"], settings.data_dir
     load_state(settings)
     publish(url, orders_topic, keyed("orders", [order(n, (n % 23) + 1, (n % 6) + 1) for n in range(100)]))
@@ -67,7 +67,7 @@ def test_savepoint_restore_replays_to_the_same_output(settings_factory):
 
 
 def test_replay_after_a_state_wipe_enriches_again(settings_factory):
-    settings = settings_factory(enrichment__max_wait="0s", job__buckets=4, job__start_from="latest")
+    settings = settings_factory(enrichment__max_wait="0s", job__start_from="latest")
     url, data_dir = settings.service_url, settings.data_dir
     load_state(settings)  # published before the job: a fresh checkpoint at 'latest' never sees it
     job = JobThread(settings)
@@ -93,7 +93,7 @@ def test_replay_after_a_state_wipe_enriches_again(settings_factory):
 
 
 def test_redrive_enriches_once_state_exists(settings_factory):
-    settings = settings_factory(enrichment__max_wait="0s", job__buckets=4)
+    settings = settings_factory(enrichment__max_wait="0s")
     url, data_dir = settings.service_url, settings.data_dir
     load_state(settings)
     publish(url, settings.topics["orders"], keyed("orders", [order(n, 77, 1) for n in range(4)]))
@@ -133,7 +133,7 @@ def poison(rng: random.Random, n: int) -> bytes:
 
 
 def test_fuzz_two_thousand_bad_messages_among_good_ones(settings_factory):
-    settings = settings_factory(enrichment__max_wait="0s", job__buckets=4, job__max_rows_per_batch=2000)
+    settings = settings_factory(enrichment__max_wait="0s", job__max_rows_per_batch=2000)
     url, data_dir = settings.service_url, settings.data_dir
     load_state(settings)
     rng = random.Random(7)
@@ -166,7 +166,7 @@ def test_fuzz_two_thousand_bad_messages_among_good_ones(settings_factory):
 
 
 def test_unwritable_sink_path_stops_the_job_naming_the_path(settings_factory):
-    settings = settings_factory(enrichment__max_wait="0s", job__buckets=4)
+    settings = settings_factory(enrichment__max_wait="0s")
     data_dir = settings.data_dir
     load_state(settings)
     publish(settings.service_url, settings.topics["orders"], keyed("orders", [order(1, 1, 1)]))
@@ -184,7 +184,7 @@ def test_broker_restart_mid_run_recovers_through_restarts(settings_factory, tmp_
     own = EmbeddedBroker(tmp_path / "own-broker").start()
     port = own.port
     try:
-        settings = settings_factory(pulsar__service_url=own.service_url, enrichment__max_wait="0s", job__buckets=4,
+        settings = settings_factory(pulsar__service_url=own.service_url, enrichment__max_wait="0s",
                                     job__restart__attempts=10, job__restart__delay="1s")
         data_dir = settings.data_dir
         load_state(settings)

@@ -29,7 +29,7 @@ def scenario(tmp_path_factory, broker):
     settings = load_settings(env={}, cli={
         "pulsar.service_url": broker.service_url, "paths.data_dir": str(tmp_path_factory.mktemp("jobdata")),
         "spark.master": "local[2]", "job.trigger_interval": "500ms", "enrichment.max_wait": MAX_WAIT,
-        "job.buckets": 8, **{f"topics.{k}": v for k, v in topics.items()}})
+        **{f"topics.{k}": v for k, v in topics.items()}})
     url = broker.service_url
     users = [user(u) for u in range(1, 21)] + [user(3, firstName="Updated3")]
     publish(url, topics["users"], keyed("users", users) + [("5", b""), ("bad", b"{oops"), ("7", b"\xff\xfe")])

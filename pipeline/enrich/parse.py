@@ -1,23 +1,23 @@
 """The parse step: source rows -> envelope rows, as a ``mapInArrow`` function (runs on executors).
 
 Every message becomes exactly one envelope row: an upsert, a delete (tombstone), an order, or a
-dead letter with its one-line error. Nothing is dropped here, so nothing is lost. Only the
-payload is looked at row by row (rules.route_messages); the source columns are carried over
-as whole Arrow columns.
+dead letter with its one-line error. Nothing is dropped here, so nothing is lost, and no message
+can fail the batch (rules.route_messages turns any failure into a dead letter). Only the payload
+is looked at row by row; the source columns are carried over as whole Arrow columns.
 """
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.enrich import chunks, rules
+from pipeline.enrich import rules
 
-ENVELOPE_ARROW_SCHEMA = chunks.ENVELOPE_ARROW_SCHEMA
-CHUNK_ARROW_SCHEMA = pa.schema([("user_bucket", pa.int32()), ("rows", pa.binary())])
+_TYPES = {"string": pa.string(), "int": pa.int32(), "long": pa.int64(), "double": pa.float64()}
+ENVELOPE_ARROW_SCHEMA = pa.schema([(name, _TYPES[kind]) for name, kind in
+                                   (part.strip().split(" ") for part in rules.ENVELOPE_SPARK_SCHEMA.split(","))])
 # envelope column <- source column, carried over as they are
 FROM_SOURCE = {"kind": "kind", "source_topic": "topic", "source_partition": "partition",
                "source_message_id": "message_id", "position": "position", "key": "key"}
@@ -26,16 +26,14 @@ DECIDED_SCHEMA = pa.schema([ENVELOPE_ARROW_SCHEMA.field(name) for name in ENVELO
                             if name in DECIDED])
 
 
-def parse_batches(batches: Iterator[pa.RecordBatch], buckets: int) -> Iterator[pa.RecordBatch]:
-    """Turn source record batches into envelope rows, in chunks per user bucket.
+def parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Turn source record batches into envelope record batches (``rules.ENVELOPE_SPARK_SCHEMA``).
 
-    # {"user_bucket": 17, "rows": <Arrow IPC of {"kind": "orders", "op": "order", "user_id": 17, …}, …>}
+    # {"kind": "orders", "op": "order", "user_id": 17, "item_id": 4, "price": 9.5, …, "user_state": None, …}
     """
     for batch in batches:
-        kinds, keys, values, positions = (batch.column(name).to_pylist()
-                                          for name in ("kind", "key", "value", "position"))
-        decided = pa.RecordBatch.from_pydict(rules.route_messages(kinds, keys, values, positions, buckets),
-                                             schema=DECIDED_SCHEMA)
+        kinds, keys, values = (batch.column(name).to_pylist() for name in ("kind", "key", "value"))
+        decided = pa.RecordBatch.from_pydict(rules.route_messages(kinds, keys, values), schema=DECIDED_SCHEMA)
         arrays = []
         for field in ENVELOPE_ARROW_SCHEMA:
             if field.name in DECIDED:
@@ -49,12 +47,4 @@ def parse_batches(batches: Iterator[pa.RecordBatch], buckets: int) -> Iterator[p
                                         for props in batch.column("properties").to_pylist()], pa.string()))
             else:  # filled in by the lookups
                 arrays.append(pa.nulls(batch.num_rows, field.type))
-        envelopes = pa.Table.from_batches([pa.RecordBatch.from_arrays(arrays, schema=ENVELOPE_ARROW_SCHEMA)])
-        buckets_seen, blobs = chunks.by_bucket(envelopes, "user_bucket")
-        yield pa.RecordBatch.from_arrays([pa.array(buckets_seen, pa.int32()), pa.array(blobs, pa.binary())],
-                                         schema=CHUNK_ARROW_SCHEMA)
-
-
-def parser(buckets: int):
-    """The picklable mapInArrow function for a bucket count."""
-    return partial(parse_batches, buckets=buckets)
+        yield pa.RecordBatch.from_arrays(arrays, schema=ENVELOPE_ARROW_SCHEMA)

@@ -1,70 +1,62 @@
-"""Enrichment decisions as pure functions over plain values (no Spark, clock passed in).
+"""Enrichment decisions as pure functions over plain values (no Spark, clock passed in): the spec.
 
-The two lookups (user, then item) ask the same questions: is the state there, should the
-order wait for it, and if it never came, why is the order missing. The answers live here so
-they get fast tests; pipeline/enrich/processors.py only adapts Spark's state handles to them.
+- :func:`route_messages`: what each message is (upsert, tombstone, order or dead letter), as
+  envelope columns; the parse step runs it on every message.
+- :class:`LookupModel`: what one lookup decides per key (found, wait, missing), as the Java
+  ``ChangelogLookup`` (pipeline/enrich/jvm/) must; :class:`EnrichmentModel` chains the lookups
+  as the job does. A model-based test runs random streams through both and compares the sinks.
+- :func:`sink_of` / :func:`with_sinks`: which sink a decided row goes to, and why it is missing.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import pickle
-from dataclasses import dataclass, field
-from typing import Literal
+from collections import defaultdict
+from typing import Iterable, Literal
 
-import numpy as np
-import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline import wire
+from pipeline.enrich.lookups import DELETE, LOOKUP, LOOKUPS, PASS, READ_ORDER, SET, Lookup
 
 FOUND, WAIT, MISSING = "found", "wait", "missing"
 Outcome = Literal["found", "wait", "missing"]
 
-# The envelope: the one row shape between the parse step, both lookups and the sinks. It is
-# columnar (Spark hands each lookup a pandas DataFrame per key bucket), and it is already the
-# union of the three sinks' columns, so the last lookup's output is what the sinks write.
-# Changelog rows carry their record in the same user_*/item_* columns an enriched order gets.
-# {"kind": "orders", "op": "order", "user_bucket": 3, "item_bucket": 9, "source_topic": "persistent://…",
+# The envelope: the one row shape from the parse step through both lookups to the sinks, built
+# from the lookups' descriptions. Changelog rows carry their record in the same state columns an
+# enriched order gets; each lookup fills its state columns and its found column on orders.
+# {"kind": "orders", "op": "order", "lookup_role": "lookup", "source_topic": "persistent://…",
 #  "source_partition": -1, "source_message_id": "0:5:-1:2", "position": 42, "key": "1001",
 #  "published_at": 1700000000000, "redrive_of": None, "error": None, "payload": None,
 #  "invoice_id": 1001, "line_item_id": 1, "user_id": 17, "item_id": 4, "price": 9.5, "created_at": …,
 #  "paid_at": None, "order_item_name": "…", "order_item_category": "…", "user_first_name": None, …,
-#  "item_price": None, "first_seen_ms": None, "user_state": None, "sink": None, "reason": None, "waited_ms": None}
-ENVELOPE_SPARK_SCHEMA = (
-    "kind string, op string, user_bucket int, item_bucket int, source_topic string, source_partition int, "
+#  "user_state": None, "item_name": None, …, "item_state": None, "first_seen_ms": None, "waited_ms": None}
+_ORDER_FIELDS = {"invoiceId": "invoice_id", "lineItemId": "line_item_id",
+                 **{lookup.order_field: lookup.id_column for lookup in LOOKUPS},
+                 "price": "price", "createdAt": "created_at", "paidAt": "paid_at", "itemName": "order_item_name",
+                 "itemCategory": "order_item_category"}
+ENVELOPE_SPARK_SCHEMA = ", ".join([
+    "kind string, op string, lookup_role string, source_topic string, source_partition int, "
     "source_message_id string, position long, key string, published_at long, redrive_of string, error string, "
-    "payload string, invoice_id long, line_item_id long, user_id long, item_id long, price double, "
-    "created_at long, paid_at long, order_item_name string, order_item_category string, "
-    "user_first_name string, user_last_name string, user_email string, user_created_at long, "
-    "item_name string, item_category string, item_adjective string, item_modifier string, item_price double, "
-    "first_seen_ms long, user_state string, sink string, reason string, waited_ms long"
-)
+    "payload string, invoice_id long, line_item_id long",
+    *(f"{lookup.id_column} long" for lookup in LOOKUPS),
+    "price double, created_at long, paid_at long, order_item_name string, order_item_category string",
+    *(f"{column} {kind}, {lookup.found_column} string" if i == len(lookup.fields) - 1 else f"{column} {kind}"
+      for lookup in LOOKUPS for i, (column, kind) in enumerate(lookup.fields.values())),
+    "first_seen_ms long, waited_ms long"])
 ENVELOPE_FIELDS = tuple(part.strip().split(" ")[0] for part in ENVELOPE_SPARK_SCHEMA.split(","))
-# Wire field -> envelope column, per topic. Ids are never null in the envelope (0 where unused):
-# Spark hands a long column with nulls to pandas as float64, which would round big ids.
-RECORD_COLUMNS = {
-    "orders": {"invoiceId": "invoice_id", "lineItemId": "line_item_id", "userId": "user_id", "itemId": "item_id",
-               "price": "price", "createdAt": "created_at", "paidAt": "paid_at", "itemName": "order_item_name",
-               "itemCategory": "order_item_category"},
-    "users": {"id": "user_id", "firstName": "user_first_name", "lastName": "user_last_name",
-              "emailAddress": "user_email", "createdAt": "user_created_at"},
-    "items": {"id": "item_id", "name": "item_name", "category": "item_category", "adjective": "item_adjective",
-              "modifier": "item_modifier", "price": "item_price"},
-}
-# What each lookup keeps in state per id: the columns it adds to an order.
-STATE_COLUMNS = {
-    "users": ("user_first_name", "user_last_name", "user_email", "user_created_at"),
-    "items": ("item_name", "item_category", "item_adjective", "item_modifier", "item_price"),
-}
-ID_COLUMNS = ("invoice_id", "line_item_id", "user_id", "item_id")
-TIME_COLUMNS = ("created_at", "paid_at", "user_created_at")  # the Java model's -1 means none
+# Wire field -> envelope column, per topic. Ids are never null in the envelope (0 where unused),
+# so every row has a key in every lookup.
+RECORD_COLUMNS = {"orders": _ORDER_FIELDS, **{
+    lookup.changelog: {"id": lookup.id_column, **{field: column for field, (column, _) in lookup.fields.items()}}
+    for lookup in LOOKUPS}}
+ID_COLUMNS = ("invoice_id", "line_item_id", *(lookup.id_column for lookup in LOOKUPS))
+# Times: the Java model's -1 means none.
+TIME_COLUMNS = tuple(column for fields in RECORD_COLUMNS.values() for field, column in fields.items()
+                     if field.endswith("At"))
 REDRIVE_PROPERTY = "redrive-of"
-
-
-def bucket_of(identifier: int, buckets: int) -> int:
-    """The state bucket of an id: stable across runs and machines (no salted hash)."""
-    return identifier % buckets
 
 
 def payload_text(payload: bytes | None) -> str | None:
@@ -78,46 +70,40 @@ def payload_text(payload: bytes | None) -> str | None:
 
 
 # The envelope columns the parse step decides from a message's payload (the rest it copies).
-DECIDED_COLUMNS = ("op", "error", "payload", "user_bucket", "item_bucket",
+DECIDED_COLUMNS = ("op", "error", "payload",
                    *dict.fromkeys(column for columns in RECORD_COLUMNS.values() for column in columns.values()))
 
 
-def route_messages(kinds: list[str], keys: list, payloads: list, positions: list, buckets: int) -> dict[str, list]:
+def route_messages(kinds: list[str], keys: list, payloads: list) -> dict[str, list]:
     """Validate source messages: the envelope columns they decide, one list per column.
 
     Each message gets op upsert/delete/order/dead; columns a message does not set are null
-    (ids 0). Rows that hold no key of a lookup are spread over its buckets by position.
-    Column-wise because the parse step runs this for every message of the job.
-    # {"op": ["order", "dead"], "user_bucket": [1, 2], "invoice_id": [1, 0], "error": [None, "payload is …"], …}
+    (ids 0). Column-wise because the parse step runs this for every message of the job.
+    # {"op": ["order", "dead"], "invoice_id": [1, 0], "error": [None, "payload is …"], …}
     """
     n = len(payloads)
     columns = {name: ([0] * n if name in ID_COLUMNS else [None] * n) for name in DECIDED_COLUMNS}
     ops, errors, raw = columns["op"], columns["error"], columns["payload"]
-    user_ids, item_ids = columns["user_id"], columns["item_id"]
-    user_buckets, item_buckets = columns["user_bucket"], columns["item_bucket"]
+    ids = {lookup.changelog: columns[lookup.id_column] for lookup in LOOKUPS}
     targets = {kind: [(name, columns[column], column in TIME_COLUMNS) for name, column in fields.items()]
                for kind, fields in RECORD_COLUMNS.items()}
     parse = wire.parse_payload
     for i, (kind, payload) in enumerate(zip(kinds, payloads)):
-        spread = (positions[i] or 0) % buckets
         try:
             record = parse(kind, payload)
             deleted = wire.tombstone_key(keys[i]) if record is None else None
         except Exception as exc:  # noqa: BLE001 - no message, whatever its bytes, may fail the batch
             ops[i], errors[i], raw[i] = "dead", dead_letter_error(exc), payload_text(payload)
-            user_buckets[i] = item_buckets[i] = spread
             continue
         if record is None:
             ops[i] = "delete"
-            (user_ids if kind == "users" else item_ids)[i] = deleted
+            ids[kind][i] = deleted
         else:
             ops[i] = "order" if kind == "orders" else "upsert"
             for name, column, is_time in targets[kind]:
                 value = record[name]
                 # the Java model's -1 means "no time"
                 column[i] = None if is_time and value is not None and value < 0 else value
-        user_buckets[i] = spread if kind == "items" else bucket_of(user_ids[i], buckets)
-        item_buckets[i] = spread if kind == "users" else bucket_of(item_ids[i], buckets)
     return columns
 
 
@@ -129,9 +115,9 @@ def dead_letter_error(exc: Exception) -> str:
     return f"cannot read the message: {type(exc).__name__}: {text}"
 
 
-def route_message(kind: str, key: str | None, payload: bytes | None, position: int | None, buckets: int) -> dict:
+def route_message(kind: str, key: str | None, payload: bytes | None) -> dict:
     """:func:`route_messages` for one message, as one dict of envelope columns."""
-    return {name: values[0] for name, values in route_messages([kind], [key], [payload], [position], buckets).items()}
+    return {name: values[0] for name, values in route_messages([kind], [key], [payload]).items()}
 
 
 def redrive_of(properties_json: str | None) -> str | None:
@@ -157,100 +143,122 @@ def lookup_outcome(found: bool, waited_ms: int, max_wait_ms: int) -> Outcome:
     return MISSING
 
 
-def missing_reason(user_found: bool, item_found: bool) -> str | None:
-    """Why an order is missing state: user, item, user_and_item (None if it is not missing)."""
-    if user_found and item_found:
-        return None
-    if not user_found and not item_found:
-        return "user_and_item"
-    return "user" if not user_found else "item"
+def missing_reason(*found: bool) -> str | None:
+    """Why an order is missing state, from whether each lookup found it (in :data:`LOOKUPS`
+    order): ``user``, ``item``, ``user_and_item``; None if nothing is missing. Both lookups are
+    always checked, so support staff see the whole cause."""
+    missing = [lookup.reason for lookup, hit in zip(LOOKUPS, found) if not hit]
+    return "_and_".join(missing) or None
 
 
-def deadline_ms(first_seen_ms: int, max_wait_ms: int) -> int:
-    return first_seen_ms + max_wait_ms
+def sink_of(row: dict) -> tuple[str, str | None]:
+    """The sink of a row that has been through every lookup, and its missing-state reason."""
+    if row["op"] == "dead":
+        return "dead_letter", None
+    reason = missing_reason(*(row[lookup.found_column] == FOUND for lookup in LOOKUPS))
+    return ("missing_state" if reason else "enriched"), reason
 
 
-@dataclass
-class WaitingOrders:
-    """Orders waiting for one key's state, as stored in one MapState entry.
+def with_sinks(table: pa.Table) -> pa.Table:
+    """:func:`sink_of` over an Arrow table of envelope rows: adds ``sink`` and ``reason``."""
+    reason = pa.nulls(table.num_rows, pa.string())
+    for lookup in LOOKUPS:
+        missing = pc.fill_null(pc.not_equal(table[lookup.found_column], FOUND), True)
+        joined = pc.binary_join_element_wise(reason, pa.scalar(lookup.reason), "_and_")
+        reason = pc.if_else(missing, pc.coalesce(joined, pa.scalar(lookup.reason)), reason)
+    dead = pc.equal(table["op"], "dead")
+    reason = pc.if_else(dead, pa.scalar(None, pa.string()), reason)
+    sink = pc.if_else(dead, "dead_letter", pc.if_else(pc.is_null(reason), "enriched", "missing_state"))
+    return table.append_column("sink", sink).append_column("reason", reason)
 
-    ``entries`` are envelope rows (dicts) with ``first_seen_ms`` set; the list is one pickled value.
+
+def role_of(row: dict, lookup: Lookup) -> str:
+    """The role a row plays in a lookup (lookups.apply_lookup computes the same in Spark)."""
+    if row["op"] in ("upsert", "delete") and row["kind"] == lookup.changelog:
+        return SET if row["op"] == "upsert" else DELETE
+    return LOOKUP if row["op"] == "order" else PASS
+
+
+class LookupModel:
+    """One lookup's state and decisions over plain dicts: the specification of ChangelogLookup.
+
+    ``process`` is one micro-batch in Spark's call order: each key's input rows (its changes
+    in read order, then its orders), then the timers that are due. State per key: the latest
+    record (a tuple of the state columns) and the orders waiting for it.
     """
 
-    entries: list[dict] = field(default_factory=list)
+    def __init__(self, lookup: Lookup, max_wait_ms: int):
+        self.lookup, self.max_wait_ms = lookup, max_wait_ms
+        self.latest: dict[int, tuple] = {}
+        self.waiting: dict[int, list[dict]] = {}
 
-    @classmethod
-    def load(cls, blob: bytes | None) -> "WaitingOrders":
-        return cls(pickle.loads(blob) if blob else [])
+    def process(self, rows: Iterable[dict], now_ms: int) -> list[dict]:
+        """The rows this lookup emits for one batch's input ``rows`` at batch time ``now_ms``."""
+        out: list[dict] = []
+        by_key: dict[int, list[dict]] = defaultdict(list)
+        for row in rows:
+            role = role_of(row, self.lookup)
+            if role == PASS:
+                out.append(row)
+            else:
+                by_key[row[self.lookup.id_column]].append({**row, "lookup_role": role})
+        for key, key_rows in by_key.items():
+            changes = sorted((r for r in key_rows if r["lookup_role"] in (SET, DELETE)),
+                             key=lambda r: tuple(r[column] for column in READ_ORDER))
+            record = self.latest.get(key)
+            if changes:
+                last = changes[-1]
+                record = tuple(last[c] for c in self.lookup.state_columns) if last["lookup_role"] == SET else None
+                if record is None:
+                    self.latest.pop(key, None)
+                else:
+                    self.latest[key] = record
+                    out.extend(self._decide(row, record, now_ms) for row in self.waiting.pop(key, []))
+            for row in (r for r in key_rows if r["lookup_role"] == LOOKUP):
+                first_seen = now_ms if row["first_seen_ms"] is None else row["first_seen_ms"]
+                outcome = lookup_outcome(record is not None, now_ms - first_seen, self.max_wait_ms)
+                if outcome == WAIT:
+                    self.waiting.setdefault(key, []).append({**row, "first_seen_ms": first_seen})
+                else:
+                    out.append(self._decide(row, record, now_ms))
+        return out + self.expire(now_ms)
 
-    def dump(self) -> bytes:
-        return pickle.dumps(self.entries, protocol=pickle.HIGHEST_PROTOCOL)
+    def expire(self, now_ms: int) -> list[dict]:
+        """The waiting orders whose wait is over, decided missing (the operator's timers)."""
+        out: list[dict] = []
+        for key in list(self.waiting):
+            rows = self.waiting[key]
+            due = [row for row in rows if row["first_seen_ms"] + self.max_wait_ms <= now_ms]
+            out.extend(self._decide(row, None, now_ms) for row in due)
+            self.waiting[key] = [row for row in rows if row["first_seen_ms"] + self.max_wait_ms > now_ms]
+            if not self.waiting[key]:
+                del self.waiting[key]
+        return out
 
-    def add(self, env: dict) -> None:
-        self.entries.append(env)
-
-    def split_expired(self, now_ms: int, max_wait_ms: int) -> list[dict]:
-        """Remove and return the entries whose wait is over."""
-        expired = [e for e in self.entries if deadline_ms(e["first_seen_ms"], max_wait_ms) <= now_ms]
-        self.entries = [e for e in self.entries if deadline_ms(e["first_seen_ms"], max_wait_ms) > now_ms]
-        return expired
-
-    def next_deadline(self, max_wait_ms: int) -> int | None:
-        return min((deadline_ms(e["first_seen_ms"], max_wait_ms) for e in self.entries), default=None)
-
-
-# -- The same decisions over a whole key bucket at once (pandas frames of envelope rows).
-
-def in_apply_order(frame: pd.DataFrame) -> pd.DataFrame:
-    """Changelog messages first, then everything else; each topic partition in read order."""
-    if len(frame) < 2:
-        return frame
-    later = (~frame["op"].isin(("upsert", "delete"))).astype("int8")
-    keys = pd.DataFrame({"later": later, "partition": frame["source_partition"].fillna(0),
-                         "position": frame["position"].fillna(0)})
-    return frame.loc[keys.sort_values(["later", "partition", "position"], kind="stable").index]
-
-
-def passes_through(frame: pd.DataFrame, lookup: str) -> pd.Series:
-    """Rows a lookup does not act on: dead letters and the other lookup's changelog."""
-    return (frame["op"] == "dead") | (frame["op"].isin(("upsert", "delete")) & (frame["kind"] != lookup))
-
-
-def latest_changes(changes: pd.DataFrame, id_column: str, lookup: str) -> dict[int, tuple | None]:
-    """The last change per id of a changelog frame (in apply order): its state values, None if deleted."""
-    last = changes.drop_duplicates(id_column, keep="last")
-    values = last[list(STATE_COLUMNS[lookup])].astype(object).where(last[list(STATE_COLUMNS[lookup])].notna(), None)
-    ids = last[id_column].tolist()
-    deleted = (last["op"] == "delete").tolist()
-    return {ident: (None if gone else row) for ident, gone, row in
-            zip(ids, deleted, values.itertuples(index=False, name=None))}
-
-
-def attach_state(orders: pd.DataFrame, records: list[tuple | None], lookup: str) -> pd.DataFrame:
-    """Orders with the state values of their looked-up records (nulls where none was found)."""
-    columns = STATE_COLUMNS[lookup]
-    empty = (None,) * len(columns)
-    filled = list(zip(*[record if record is not None else empty for record in records])) if records else \
-        [() for _ in columns]
-    return orders.assign(**{column: np.array(values, dtype=object) for column, values in zip(columns, filled)})
+    def _decide(self, row: dict, record: tuple | None, now_ms: int) -> dict:
+        first_seen = now_ms if row["first_seen_ms"] is None else row["first_seen_ms"]
+        values = record if record is not None else (None,) * len(self.lookup.state_columns)
+        return {**row, **dict(zip(self.lookup.state_columns, values)),
+                self.lookup.found_column: FOUND if record is not None else MISSING,
+                "first_seen_ms": first_seen, "waited_ms": now_ms - first_seen}
 
 
-def finish_user(orders: pd.DataFrame, found: np.ndarray) -> pd.DataFrame:
-    """After the user lookup: record whether the user was there."""
-    return orders.assign(user_state=np.where(found, FOUND, MISSING).astype(object))
+class EnrichmentModel:
+    """The job's lookups chained as the job chains them, each batch ending in sink rows."""
 
+    def __init__(self, max_wait_ms: int):
+        self.lookups = [LookupModel(lookup, max_wait_ms) for lookup in LOOKUPS]
 
-def finish_orders(orders: pd.DataFrame, item_found: np.ndarray, now_ms: int) -> pd.DataFrame:
-    """After the item lookup: route each order to enriched or missing_state, with its wait."""
-    user_found = (orders["user_state"] == FOUND).to_numpy()
-    item_found = np.asarray(item_found, dtype=bool)
-    first_seen = orders["first_seen_ms"]
-    reason = np.select([~user_found & item_found, user_found & ~item_found, ~user_found & ~item_found],
-                       ["user", "item", "user_and_item"], default=None).astype(object)
-    return orders.assign(
-        waited_ms=(now_ms - first_seen).where(first_seen.notna(), 0), reason=reason,
-        sink=np.where(user_found & item_found, "enriched", "missing_state").astype(object))
+    def process(self, rows: Iterable[dict], now_ms: int) -> list[dict]:
+        """Envelope rows of one batch -> its decided rows, each with ``sink`` and ``reason``."""
+        for model in self.lookups:
+            rows = model.process(rows, now_ms)
+        decided = []
+        for row in rows:
+            sink, reason = sink_of(row)
+            decided.append({**row, "sink": sink, "reason": reason})
+        return decided
 
-
-def finish_dead(frame: pd.DataFrame) -> pd.DataFrame:
-    return frame.assign(sink="dead_letter")
+    def waiting(self) -> int:
+        """Orders still waiting in some lookup."""
+        return sum(len(rows) for model in self.lookups for rows in model.waiting.values())

@@ -1,0 +1,93 @@
+"""The lookups, each described once, and how the job applies one with the JVM operator.
+
+A :class:`Lookup` says everything that differs between the user and the item lookup: the
+changelog topic it holds, the id column orders carry, the state columns it attaches (and the
+wire fields they come from), the column that records whether it was found, and the name it
+gives a missing-state reason. Everything else (the envelope schema, the sinks' columns, the
+model in rules.py, the operator's arguments) is derived from :data:`LOOKUPS`, so a new
+changelog is one more entry here plus its wire fields (pipeline/wire.py) and topic setting.
+
+:func:`apply_lookup` runs one lookup as the generic Java ``ChangelogLookup``
+(pipeline/enrich/jvm/) through ``transformWithState``: called on the driver while the query
+is built; the operator itself runs on the executors, keyed by the lookup's id column.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.errors import ConfigError
+
+JVM_CLASS = "statefulstreams.ChangelogLookup"
+JAR_PATH = Path(__file__).resolve().parent / "jvm" / "build" / "changelog-lookup.jar"
+# Roles the operator understands (ChangelogLookup.SET/DELETE/LOOKUP); any other role passes through.
+SET, DELETE, LOOKUP, PASS = "set", "delete", "lookup", "pass"
+# Spark reads a changelog's rows in this order; the operator applies one key's changes in it.
+READ_ORDER = ("source_partition", "position")
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """One keyed lookup of orders against a changelog topic."""
+
+    changelog: str  # the topic kind holding the records ("users")
+    id_column: str  # the envelope column with the key, on orders and changelog rows ("user_id")
+    order_field: str  # the order's wire field holding the key ("userId")
+    fields: dict[str, tuple[str, str]]  # record wire field -> (state column, Spark type)
+    reason: str  # its part of a missing-state reason ("user")
+
+    @property
+    def state_columns(self) -> tuple[str, ...]:
+        return tuple(column for column, _ in self.fields.values())
+
+    @property
+    def found_column(self) -> str:
+        return f"{self.reason}_state"  # "found" or "missing", set by the operator
+
+
+USERS = Lookup("users", "user_id", "userId", {
+    "firstName": ("user_first_name", "string"), "lastName": ("user_last_name", "string"),
+    "emailAddress": ("user_email", "string"), "createdAt": ("user_created_at", "long")}, reason="user")
+ITEMS = Lookup("items", "item_id", "itemId", {
+    "name": ("item_name", "string"), "category": ("item_category", "string"),
+    "adjective": ("item_adjective", "string"), "modifier": ("item_modifier", "string"),
+    "price": ("item_price", "double")}, reason="item")
+# In the order they run: an order is looked up in each, left to right.
+LOOKUPS = (USERS, ITEMS)
+
+
+def lookup_named(name: str) -> Lookup:
+    """The lookup holding the changelog ``name`` (users, items)."""
+    for lookup in LOOKUPS:
+        if lookup.changelog == name:
+            return lookup
+    raise ConfigError(f"unknown lookup {name!r}; expected one of {[lookup.changelog for lookup in LOOKUPS]}")
+
+
+def require_jar() -> Path:
+    """The operator's jar, or one line saying how to build it."""
+    if not JAR_PATH.is_file():
+        raise ConfigError(f"the lookup operator's jar {str(JAR_PATH)!r} is missing; run `make setup` to build it")
+    return JAR_PATH
+
+
+def apply_lookup(frame, lookup: Lookup, max_wait_ms: int):
+    """``frame`` (envelope rows) through one ChangelogLookup; the output has the same columns.
+
+    # in:  {"kind": "orders", "op": "order", "user_id": 17, "user_first_name": None, …}
+    # out: {… "user_first_name": "Ada", "user_state": "found", "first_seen_ms": 1795…, "waited_ms": 0}
+    """
+    from pyspark.sql import DataFrame
+    from pyspark.sql import functions as F
+
+    op, kind = F.col("op"), F.col("kind")
+    own_change = (kind == lookup.changelog) & op.isin("upsert", "delete")
+    roles = frame.withColumn("lookup_role", F.when(own_change & (op == "upsert"), SET)
+                             .when(own_change, DELETE).when(op == "order", LOOKUP).otherwise(PASS))
+    spark = frame.sparkSession
+    operator = spark._jvm.statefulstreams.ChangelogLookup
+    joined = operator.apply(roles._jdf, lookup.id_column, "lookup_role", ",".join(lookup.state_columns),
+                            lookup.found_column, "first_seen_ms", "waited_ms", ",".join(READ_ORDER),
+                            int(max_wait_ms))
+    return DataFrame(joined, spark)
