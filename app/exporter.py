@@ -18,7 +18,7 @@ exporter``, which starts this module as its own process (``pipeline/`` never imp
 Only numbers the job recorded are served: a gauge of the newest micro-batch is left out
 while there is none, and counters are totals over the whole store. The metric names, all
 prefixed ``stateful_streams_``, are listed in :data:`METRICS` (the Grafana dashboard in
-``data/grafana/`` uses only these).
+``app/monitoring/`` uses only these).
 """
 
 from __future__ import annotations

@@ -56,6 +56,10 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
     if settings["spark.master"].startswith("local"):
         # Loopback only on one machine; on a cluster the workers must reach the driver.
         builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
+    if settings["spark.auth_secret"]:
+        # Spark RPC authentication between this driver, the master, the workers and the executors,
+        # which share the secret (docker-compose.yaml); Spark redacts it in its UI and logs.
+        builder = builder.config("spark.authenticate", "true").config("spark.authenticate.secret", settings["spark.auth_secret"])
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark

@@ -2,11 +2,14 @@
 
 Every SS_ variable must be a real setting whose value passes load_settings, every host a URL
 points at must be a service of the file, the data dir must be one shared volume, and every
-``python -m pipeline …`` command must parse with the real CLI parser.
+``python -m pipeline …`` command must parse with the real CLI parser. Safe by default: every
+published port is bound to the host's loopback, secrets come only from the host's environment,
+Spark RPC is authenticated with one shared secret, and Pulsar token auth is wired end to end.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -16,20 +19,29 @@ import pytest
 import yaml
 
 from pipeline.cli import build_parser
-from pipeline.config import KEYS, load_settings
+from pipeline.config import KEYS, SECRET_KEYS, load_settings
 from pipeline.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yaml"
-HOST_ENV = {"SS_APP_ADMIN_TOKEN": "dummy-token-for-tests"}  # what `export …` provides on the host
+# what the README's `export …` lines provide on the host (Pulsar token auth stays off)
+HOST_ENV = {"SS_APP_ADMIN_TOKEN": "dummy-token-for-tests", "SS_SPARK_AUTH_SECRET": "dummy-spark-secret",
+            "GRAFANA_ADMIN_PASSWORD": "dummy-grafana-password"}
+REQUIRED_HOST_VARIABLES = set(HOST_ENV)
+PULSAR_AUTH_ENV = {"PULSAR_AUTH_ENABLED": "true", "PULSAR_TOKEN_SECRET_KEY": "data:;base64,ZHVtbXk=",
+                   "SS_PULSAR_AUTH_TOKEN": "dummy.jwt.token"}
 ENV_NAMES = {key.env for key in KEYS}
-_HOST_VARIABLE = re.compile(r"(?<!\$)\$\{(\w+)(?:(:?[-?])([^}]*))?\}")
+SECRET_ENV_NAMES = {key.env for key in KEYS if key.name in SECRET_KEYS}
+TOKEN_PLUGIN = "org.apache.pulsar.client.impl.auth.AuthenticationToken"
+_HOST_VARIABLE = re.compile(r"(?<!\$)\$\{(\w+)(?:(:?[-?+])([^}]*))?\}")
 
 
 def interpolate(value: str, host_env: dict[str, str]) -> str:
-    """Compose's ${VAR}, ${VAR:-default} and ${VAR:?error} substitution, and $$ for a literal $."""
+    """Compose's ${VAR}, ${VAR:-default}, ${VAR:?error} and ${VAR:+replacement} substitution, and $$ for a literal $."""
     def substitute(match: re.Match) -> str:
         name, operator, argument = match.group(1), match.group(2), match.group(3)
+        if operator and operator.endswith("+"):
+            return argument if host_env.get(name) else ""
         if host_env.get(name):
             return host_env[name]
         if operator and operator.endswith("?"):
@@ -82,7 +94,8 @@ def container_ports(service: dict) -> set[int]:
 
 
 def test_the_expected_services_exist_and_none_is_built(services):
-    assert {"pulsar", "spark-master", "spark-worker", "init", "job", "app", "producers"} <= services.keys()
+    assert {"pulsar", "spark-master", "spark-worker", "init", "job", "app", "producers",
+            "exporter", "prometheus", "grafana"} <= services.keys()
     assert not [name for name, service in services.items() if "build" in service]
 
 
@@ -94,7 +107,7 @@ def test_every_ss_variable_is_a_real_setting(services):
             "SS_APP_ADDRESS", "SS_APP_ADMIN_TOKEN"} <= used
 
 
-@pytest.mark.parametrize("name", ["init", "job", "app", "producers"])
+@pytest.mark.parametrize("name", ["init", "job", "app", "producers", "exporter"])
 def test_each_service_settings_load(services, name):
     env = environment(services[name])
     settings = load_settings(env={k: v for k, v in env.items() if k.startswith("SS_")})
@@ -106,7 +119,7 @@ def test_the_app_binds_all_interfaces_only_with_a_token_from_the_host(services):
     app = services["app"]
     settings = load_settings(env={k: v for k, v in environment(app).items() if k.startswith("SS_")})
     assert (settings["app.address"], settings["app.port"]) == ("0.0.0.0", 8501)
-    assert "8501:8501" in app["ports"]
+    assert "127.0.0.1:8501:8501" in app["ports"]
     # the token is never written in the file: it comes from the host, and compose refuses to start without it
     assert re.fullmatch(r"\$\{SS_APP_ADMIN_TOKEN:\?[^}]+\}", app["environment"]["SS_APP_ADMIN_TOKEN"])
     with pytest.raises(ValueError, match="export SS_APP_ADMIN_TOKEN"):
@@ -117,9 +130,99 @@ def test_the_app_binds_all_interfaces_only_with_a_token_from_the_host(services):
         load_settings(env=unguarded)
 
 
-def test_the_only_host_variable_is_the_admin_token():
-    names = set(_HOST_VARIABLE.findall(COMPOSE.read_text()))
-    assert {name for name, _, _ in names} == {"SS_APP_ADMIN_TOKEN"}
+def test_host_variables_are_the_secrets_and_the_pulsar_auth_switch():
+    found = _HOST_VARIABLE.findall(COMPOSE.read_text())
+    assert {name for name, _, _ in found} == REQUIRED_HOST_VARIABLES | set(PULSAR_AUTH_ENV)
+    required = {name for name, operator, _ in found if operator == ":?"}
+    assert required == REQUIRED_HOST_VARIABLES  # compose refuses to start without these
+    # the Pulsar auth switch is optional: off unless exported
+    assert all(operator in (":-", ":+") for name, operator, _ in found if name in PULSAR_AUTH_ENV)
+
+
+def _published(service: dict) -> list[tuple[str | None, str]]:
+    """(host address or None for every interface, "host:container") of each published port."""
+    published = []
+    for port in service.get("ports", []):
+        if isinstance(port, dict):  # the long syntax
+            published.append((port.get("host_ip"), f"{port.get('published')}:{port.get('target')}"))
+            continue
+        parts = str(port).split(":")
+        published.append((parts[0] if len(parts) == 3 else None, ":".join(parts[-2:])))
+    return published
+
+
+def test_every_published_port_is_bound_to_the_host_loopback(services):
+    published = {name: _published(service) for name, service in services.items() if service.get("ports")}
+    assert {"pulsar", "spark-master", "spark-worker", "app", "prometheus", "grafana"} <= published.keys()
+    for name, ports in published.items():
+        for address, mapping in ports:
+            assert address == "127.0.0.1", f"{name} publishes {mapping} on {address or 'every interface'}"
+    assert "exporter" not in published  # Prometheus reaches it on the compose network
+
+
+def test_secrets_come_only_from_the_host(services):
+    secretish = re.compile(r"secret|token|password|authparams|authenticationparameters", re.I)
+    for name, service in services.items():
+        for variable, value in (service.get("environment") or {}).items():
+            if secretish.search(variable):
+                assert "${" in str(value), f"{name}: {variable} is written in the file"
+    assert services["pulsar"]["environment"]["PULSAR_PREFIX_tokenSecretKey"] == "${PULSAR_TOKEN_SECRET_KEY:-}"
+
+
+def test_spark_rpc_is_authenticated_with_one_secret_shared_by_job_master_and_worker(services):
+    master, worker, job = services["spark-master"], services["spark-worker"], services["job"]
+    assert "-Dspark.authenticate=true" in environment(master)["SPARK_MASTER_OPTS"].split()
+    assert "-Dspark.authenticate=true" in environment(worker)["SPARK_WORKER_OPTS"].split()
+    # daemons read Spark's _SPARK_AUTH_SECRET (never on a command line); the job reads our setting
+    secrets = {environment(master)["_SPARK_AUTH_SECRET"], environment(worker)["_SPARK_AUTH_SECRET"],
+               environment(job)["SS_SPARK_AUTH_SECRET"]}
+    assert secrets == {HOST_ENV["SS_SPARK_AUTH_SECRET"]}
+    assert "secret" not in " ".join(master["command"] + worker["command"]).lower()
+    settings = load_settings(env={k: v for k, v in environment(job).items() if k.startswith("SS_")})
+    assert settings["spark.auth_secret"] == HOST_ENV["SS_SPARK_AUTH_SECRET"]
+    assert settings.redacted()["spark.auth_secret"] == "***"
+    without = {k: v for k, v in HOST_ENV.items() if k != "SS_SPARK_AUTH_SECRET"}
+    for service in (master, worker, job):
+        with pytest.raises(ValueError, match="export SS_SPARK_AUTH_SECRET"):
+            environment(service, host_env=without)
+    # only the job is a Spark driver: no other service holds the secret
+    holders = {name for name, service in services.items()
+               if {"SS_SPARK_AUTH_SECRET", "_SPARK_AUTH_SECRET"} & set(service.get("environment") or {})}
+    assert holders == {"spark-master", "spark-worker", "job"}
+
+
+def _pulsar_clients(services) -> list[str]:
+    return [name for name, service in services.items() if "SS_PULSAR_SERVICE_URL" in environment(service)]
+
+
+def test_pulsar_token_auth_is_off_by_default(services):
+    pulsar = environment(services["pulsar"])
+    assert pulsar["PULSAR_PREFIX_authenticationEnabled"] == "false"
+    assert pulsar["PULSAR_PREFIX_brokerClientAuthenticationPlugin"] == pulsar["PULSAR_PREFIX_authPlugin"] == ""
+    for name in _pulsar_clients(services):
+        settings = load_settings(env={k: v for k, v in environment(services[name]).items() if k.startswith("SS_")})
+        assert settings["pulsar.auth_token"] is None, name
+
+
+def test_pulsar_token_auth_turns_on_for_the_broker_and_every_client(services):
+    host_env = HOST_ENV | PULSAR_AUTH_ENV
+    pulsar = environment(services["pulsar"], host_env)
+    assert pulsar["PULSAR_PREFIX_authenticationEnabled"] == "true"
+    assert pulsar["PULSAR_PREFIX_authenticationProviders"] == "org.apache.pulsar.broker.authentication.AuthenticationProviderToken"
+    assert pulsar["PULSAR_PREFIX_tokenSecretKey"] == PULSAR_AUTH_ENV["PULSAR_TOKEN_SECRET_KEY"]
+    token = PULSAR_AUTH_ENV["SS_PULSAR_AUTH_TOKEN"]
+    # the broker's own client and the healthcheck's pulsar-admin (client.conf) present the token
+    assert pulsar["PULSAR_PREFIX_brokerClientAuthenticationPlugin"] == pulsar["PULSAR_PREFIX_authPlugin"] == TOKEN_PLUGIN
+    assert pulsar["PULSAR_PREFIX_brokerClientAuthenticationParameters"] == pulsar["PULSAR_PREFIX_authParams"] == f"token:{token}"
+    assert "conf/client.conf" in services["pulsar"]["command"][2]
+    clients = _pulsar_clients(services)
+    assert {"init", "job", "app", "producers", "exporter"} <= set(clients)
+    for name in clients:
+        settings = load_settings(env={k: v for k, v in environment(services[name], host_env).items() if k.startswith("SS_")})
+        assert settings["pulsar.auth_token"] == token, name
+        assert token not in repr(settings.redacted())
+    # executors get the token from the job through the source's options, not from the worker's environment
+    assert "SS_PULSAR_AUTH_TOKEN" not in environment(services["spark-worker"], host_env)
 
 
 def test_job_and_app_are_configured_only_through_ss_variables(services):
@@ -132,7 +235,7 @@ def test_job_and_app_are_configured_only_through_ss_variables(services):
 
 
 def test_urls_point_at_services_and_ports_of_this_file(services):
-    for name in ("init", "job", "app", "producers"):
+    for name in ("init", "job", "app", "producers", "exporter"):
         settings = load_settings(env={k: v for k, v in environment(services[name]).items() if k.startswith("SS_")})
         for url in (settings.service_url, settings.admin_url, settings["spark.master"]):
             host, port = host_port(url)
@@ -151,9 +254,12 @@ def test_the_data_dir_is_one_volume_shared_by_job_app_and_executors(compose, ser
     assert mounts.keys() == {"job", "app", "spark-worker"}, mounts
     assert len(set(mounts.values())) == 1 and next(iter(mounts.values())) in compose["volumes"]
     assert environment(services["app"])["SS_PATHS_DATA_DIR"] == data_dir
+    # the exporter reads the same store, and only reads it
+    assert f"{next(iter(mounts.values()))}:{data_dir}:ro" in services["exporter"]["volumes"]
+    assert environment(services["exporter"])["SS_PATHS_DATA_DIR"] == data_dir
 
 
-@pytest.mark.parametrize("name, command", [("init", "topics"), ("job", "run"), ("app", "app")])
+@pytest.mark.parametrize("name, command", [("init", "topics"), ("job", "run"), ("app", "app"), ("exporter", "exporter")])
 def test_service_commands_are_real_cli_commands(services, name, command):
     [argv] = pipeline_commands(services[name])
     args = build_parser().parse_args(argv)
@@ -204,3 +310,37 @@ def test_dependencies_and_volumes_are_declared(compose, services):
             assert source.startswith(".") or source in compose["volumes"], (name, source)
     assert services["init"]["depends_on"]["pulsar"]["condition"] == "service_healthy"
     assert services["job"]["depends_on"]["init"]["condition"] == "service_completed_successfully"
+
+
+def test_prometheus_scrapes_the_exporter_on_the_compose_network(services):
+    exporter = services["exporter"]
+    settings = load_settings(env={k: v for k, v in environment(exporter).items() if k.startswith("SS_")})
+    assert settings["exporter.address"] == "0.0.0.0"  # inside its container; nothing is published
+    prometheus = services["prometheus"]
+    [config_mount] = [v for v in prometheus["volumes"] if v.endswith(":/etc/prometheus/prometheus.yml:ro")]
+    config = yaml.safe_load((ROOT / config_mount.split(":")[0]).read_text())
+    [job] = config["scrape_configs"]
+    [target] = job["static_configs"][0]["targets"]
+    assert target == f"exporter:{settings['exporter.port']}"
+    assert settings["exporter.port"] in container_ports(exporter)
+    assert "--config.file=/etc/prometheus/prometheus.yml" in prometheus["command"]
+
+
+def test_grafana_is_provisioned_with_the_dashboard_and_prometheus(services):
+    grafana = services["grafana"]
+    mounts = {target: ROOT / source for source, target, *_ in (v.split(":") for v in grafana["volumes"]) if source.startswith(".")}
+    for source in mounts.values():
+        assert source.is_file(), source
+    [datasources] = [yaml.safe_load(mounts[t].read_text()) for t in mounts if "/provisioning/datasources/" in t]
+    [providers] = [yaml.safe_load(mounts[t].read_text()) for t in mounts if "/provisioning/dashboards/" in t]
+    [datasource] = datasources["datasources"]
+    host, port = host_port(datasource["url"])
+    assert host == "prometheus" and port in container_ports(services["prometheus"])
+    [provider] = providers["providers"]
+    dashboards = [t for t in mounts if t.endswith(".json")]
+    assert dashboards and all(t.startswith(provider["options"]["path"].rstrip("/") + "/") for t in dashboards)
+    dashboard = json.loads(mounts[dashboards[0]].read_text())
+    uids = {panel["datasource"]["uid"] for panel in dashboard["panels"] if "datasource" in panel}
+    assert uids == {datasource["uid"]}
+    assert environment(grafana)["GF_SECURITY_ADMIN_PASSWORD"] == HOST_ENV["GRAFANA_ADMIN_PASSWORD"]
+    assert environment(grafana)["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
