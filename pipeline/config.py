@@ -312,3 +312,22 @@ def parse_set_flags(pairs: list[str] | None) -> dict[str, str]:
             raise ConfigError(f"--set {pair!r} is not of the form key=value, e.g. --set enrichment.max_wait=5s")
         result[name.strip()] = value
     return result
+
+
+def pulsar_authentication(token: str | None):
+    """pulsar-client's ``authentication=`` argument for ``pulsar.auth_token``: None when no token is set.
+
+    Pass the token itself (not the settings) so the executors can build it from a data source
+    option: ``pulsar.Client(url, authentication=pulsar_authentication(token), …)``.
+    """
+    if not token:
+        return None
+    import pulsar
+
+    return pulsar.AuthenticationToken(token)
+
+
+def pulsar_admin_headers(settings: Settings) -> dict[str, str]:
+    """HTTP headers for the Pulsar admin REST API: a bearer token when ``pulsar.auth_token`` is set."""
+    token = settings["pulsar.auth_token"]
+    return {"Authorization": f"Bearer {token}"} if token else {}
