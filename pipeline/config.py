@@ -8,6 +8,7 @@ A bad value fails at start-up with one line that names the key and the allowed v
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -25,33 +26,40 @@ EMBEDDED = "embedded"
 # value, or raises ValueError with the "allowed" half of the message.
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+MAX_DURATION_S = 7 * 24 * 3600.0  # a week: longer waits and intervals are mistakes, and overflow Spark's ms
+_DURATION_ALLOWED = "a duration from 0 to 7 days such as '10s', '500ms' or '2m'"
 
 
 def parse_duration(raw: Any) -> float:
     """Seconds from ``"10s"``, ``"500ms"``, ``"2m"``, ``"1h"`` or a bare number of seconds."""
     if isinstance(raw, bool):
-        raise ValueError("a duration such as '10s', '500ms' or '2m'")
+        raise ValueError(_DURATION_ALLOWED)
     if isinstance(raw, (int, float)):
-        if raw < 0:
-            raise ValueError("a duration >= 0 such as '10s', '500ms' or '2m'")
-        return float(raw)
-    match = _DURATION.match(str(raw))
-    if not match:
-        raise ValueError("a duration such as '10s', '500ms' or '2m'")
-    number, unit = float(match.group(1)), match.group(2) or "s"
-    return number * {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[unit]
+        seconds = float(raw) if not isinstance(raw, int) or abs(raw) <= 2**63 else math.inf
+    else:
+        match = _DURATION.fullmatch(str(raw))
+        if not match:
+            raise ValueError(_DURATION_ALLOWED)
+        number, unit = float(match.group(1)), match.group(2) or "s"
+        seconds = number * {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[unit]
+    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_DURATION_S:  # inf, nan, 1e308, negatives
+        raise ValueError(_DURATION_ALLOWED)
+    return seconds
 
 
-def _int_at_least(minimum: int) -> Callable[[Any], int]:
+def _int_at_least(minimum: int, maximum: int = 2**31 - 1) -> Callable[[Any], int]:
+    """Whole numbers from ``minimum`` to ``maximum`` (by default the largest int Spark's settings take)."""
+    allowed = f"a whole number from {minimum} to {maximum}"
+
     def parse(raw: Any) -> int:
         try:
             if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
                 raise ValueError
             value = int(str(raw).strip()) if not isinstance(raw, int) else raw
-        except ValueError:
-            raise ValueError(f"a whole number >= {minimum}") from None
-        if value < minimum:
-            raise ValueError(f"a whole number >= {minimum}")
+        except (ValueError, OverflowError):
+            raise ValueError(allowed) from None
+        if not minimum <= value <= maximum:
+            raise ValueError(allowed)
         return value
 
     return parse
@@ -61,6 +69,15 @@ def _text(raw: Any) -> str:
     value = str(raw).strip()
     if not value:
         raise ValueError("a non-empty text")
+    return value
+
+
+def _folder(raw: Any) -> str:
+    if not isinstance(raw, (str, os.PathLike)):
+        raise ValueError("a folder path as text, such as './var'")
+    value = _text(os.fspath(raw))
+    if "\0" in value:
+        raise ValueError("a folder path without NUL characters, such as './var'")
     return value
 
 
@@ -142,14 +159,13 @@ KEYS: tuple[Key, ...] = (
     Key("topics.users", "persistent://public/default/users", _topic, "Users changelog topic"),
     Key("topics.items", "persistent://public/default/items", _topic, "Items changelog topic"),
     Key("topics.orders", "persistent://public/default/orders", _topic, "Orders event topic"),
-    Key("paths.data_dir", "./var", _text, "Broker data, checkpoints, sinks and metrics"),
+    Key("paths.data_dir", "./var", _folder, "Broker data, checkpoints, sinks and metrics"),
     Key("spark.master", "local[*]", _spark_master, "Spark master URL"),
-    Key("spark.shuffle_partitions", 0, _int_at_least(0), "Shuffle partitions; 0 sizes them to the cores"),
+    Key("spark.shuffle_partitions", 0, _int_at_least(0, 100_000), "Shuffle partitions; 0 sizes them to the cores"),
     Key("spark.auth_secret", None, _optional_text, "Shared secret for Spark RPC authentication (spark.authenticate); secret"),
     Key("job.trigger_interval", "1s", _positive_duration, "Micro-batch trigger interval"),
     Key("job.max_rows_per_batch", 200_000, _int_at_least(1), "Most source rows in one micro-batch"),
     Key("job.start_from", "earliest", _choice("earliest", "latest"), "Where a fresh checkpoint starts reading every topic"),
-    Key("job.buckets", 16, _int_at_least(1), "Key buckets per lookup; fixed for the life of a checkpoint"),
     Key("job.restart.attempts", 5, _int_at_least(0), "Restarts from the last checkpoint before giving up"),
     Key("job.restart.delay", "10s", parse_duration, "Delay between restart attempts"),
     Key("enrichment.max_wait", "10s", parse_duration, "How long an order waits for its user/item; 0 = no buffering"),
@@ -245,8 +261,15 @@ def load_toml(path: str | os.PathLike) -> dict[str, Any]:
             return _flatten(tomllib.load(handle))
     except FileNotFoundError:
         raise ConfigError(f"config file {str(file)!r} does not exist; pass an existing TOML file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {str(file)!r} is a folder; pass a TOML file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {str(file)!r} is not UTF-8 text (byte {exc.start}); "
+                          "save it as UTF-8 TOML") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {str(file)!r} is not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {str(file)!r} cannot be read: {exc.strerror or exc}") from None
 
 
 def load_settings(

@@ -79,3 +79,33 @@ def test_set_flags_shape():
     assert parse_set_flags(["a.b=1", "c.d=x=y"]) == {"a.b": "1", "c.d": "x=y"}
     with pytest.raises(ConfigError, match="is not of the form key=value"):
         parse_set_flags(["oops"])
+
+
+@pytest.mark.parametrize("raw", [float("inf"), float("nan"), 1e308, -1, "1e308", "8d", "99999999999999999999s", 10**30])
+def test_durations_out_of_range_are_refused(raw):
+    with pytest.raises(ValueError, match=re.escape("a duration from 0 to 7 days")):
+        parse_duration(raw)
+
+
+@pytest.mark.parametrize("key,raw,allowed", [
+    ("enrichment.max_wait", float("inf"), "a duration from 0 to 7 days"),
+    ("job.trigger_interval", 1e308, "a duration from 0 to 7 days"),
+    ("paths.data_dir", 5, "a folder path as text"),
+    ("spark.shuffle_partitions", 99999999999999999999, "a whole number from 0 to 100000"),
+    ("job.max_rows_per_batch", 2**40, "a whole number from 1 to 2147483647"),
+])
+def test_toml_values_outside_what_is_allowed(tmp_path, key, raw, allowed):
+    section, name = key.rsplit(".", 1)
+    toml = tmp_path / "s.toml"
+    toml.write_text(f"[{section}]\n{name} = {raw!r}\n")  # repr is TOML here: inf, 1e+308, 5, big integers
+    with pytest.raises(ConfigError, match=re.escape(f"setting {key!r} = ") + r".*" + re.escape(f"expected {allowed}")):
+        load_settings(toml, env={})
+
+
+def test_config_file_that_is_a_folder_or_not_utf8(tmp_path):
+    with pytest.raises(ConfigError, match=re.escape(f"config file {str(tmp_path)!r} is a folder")):
+        load_settings(tmp_path, env={})
+    latin = tmp_path / "latin.toml"
+    latin.write_bytes(b'[app]\naddress = "caf\xe9"\n')
+    with pytest.raises(ConfigError, match=re.escape(f"config file {str(latin)!r} is not UTF-8 text")):
+        load_settings(latin, env={})
