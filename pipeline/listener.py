@@ -1,7 +1,8 @@
 """The query listener: publishes committed sink batches and records progress, tasks and replays.
 
 Spark calls ``onQueryProgress`` on the driver after a batch is in the commit log, so that is
-where staged sink files become visible. Task metrics come from Spark's REST API (the UI binds
+where staged sink files become visible. A publish failure is not the listener's to swallow:
+the writer latches it (pipeline/sinks.py) and the job stops on it with the path in one line. Task metrics come from Spark's REST API (the UI binds
 127.0.0.1) on a background thread, so the listener bus never waits on HTTP.
 """
 
@@ -18,6 +19,7 @@ from pyspark.sql.streaming import StreamingQueryListener
 
 from pipeline import metrics, store
 from pipeline.metrics import MetricsStore
+from pipeline.errors import SinkError
 from pipeline.sinks import SinkWriter
 
 log = logging.getLogger(__name__)
@@ -50,7 +52,10 @@ class JobListener(StreamingQueryListener):
         try:
             progress = json.loads(event.progress.json)
             batch_id = progress["batchId"]
-            self.writer.publish_committed(batch_id)
+            try:
+                self.writer.publish_committed(batch_id)
+            except SinkError as exc:  # latched in the writer: the job stops on it
+                log.error("%s", exc)
             row = metrics.build_progress_row(progress, self.trigger_interval_ms, self.writer.last_counts.get(batch_id),
                                              metrics.directory_size(self.checkpoint / "state"))
             self.store.append("progress", row)

@@ -11,6 +11,11 @@ only rows of committed micro-batches, each once, even right after ``kill -9``. H
    batches committed just before a crash). A rename is atomic, so a batch appears whole.
 3. ``discard_uncommitted`` drops staged batches Spark never committed; Spark re-runs them.
 
+A failure in step 1 or 2 names the path in one SinkError and is never retried: a full disk
+or a read-only folder stays so. A publish failure (it happens in the query listener, outside
+the batch) is latched in :attr:`SinkWriter.failure`: the job polls it and stops, and the next
+``stage_batch`` raises it too, so no batch is staged while an earlier committed one is unpublished.
+
 The sink manifest (``<data_dir>/metrics/sink_files.jsonl``) lets the console know every
 committed file's rows and time range without opening thousands of files. After each publish,
 one appended JSON line per published file records what is in it::
@@ -110,8 +115,11 @@ class SinkWriter:
     def __init__(self, data_dir: Path):
         self.data_dir = Path(data_dir)
         self.last_counts: dict[int, dict[str, int]] = {}
+        self.failure: SinkError | None = None  # the first publish failure; the job stops on it
 
     def stage_batch(self, tables: dict[str, pa.Table], batch_id: int) -> dict[str, int]:
+        if self.failure is not None:
+            raise SinkError(str(self.failure))
         counts = {name: 0 for name in SCHEMAS}
         for name in SCHEMAS:
             folder = store.staging_dir(self.data_dir, name) / store.batch_folder(batch_id)
@@ -150,10 +158,11 @@ class SinkWriter:
 
     def publish_committed(self, last_committed: int) -> int:
         """Move every staged batch <= last_committed into the sinks, then record the moved
-        files in the manifest; returns folders moved."""
+        files in the manifest; returns folders moved. A failure raises a SinkError naming the
+        path, and is kept in :attr:`failure`."""
         published: list[tuple[str, int]] = []
         try:
-            for name, ids in self.staged_batches().items():
+            for name, ids in self._staged_or_fail().items():
                 for batch_id in ids:
                     if batch_id > last_committed:
                         continue
@@ -166,11 +175,21 @@ class SinkWriter:
                         os.rename(source, target)
                         published.append((name, batch_id))
                     except OSError as exc:
-                        raise SinkError(f"cannot publish {str(source)!r} to {str(target)!r}: "
-                                        f"{exc.strerror or exc}") from exc
+                        self.failure = self.failure or SinkError(f"cannot publish {str(source)!r} to {str(target)!r}: "
+                                                                 f"{exc.strerror or exc}")
+                        raise self.failure from exc
         finally:
             record_published(self.data_dir, published)  # what did move, even if a later rename failed
         return len(published)
+
+    def _staged_or_fail(self) -> dict[str, list[int]]:
+        try:
+            return self.staged_batches()
+        except OSError as exc:
+            root = store.staging_dir(self.data_dir, "enriched").parent
+            self.failure = self.failure or SinkError(f"cannot list staged sink batches under {str(root)!r}: "
+                                                     f"{exc.strerror or exc}")
+            raise self.failure from exc
 
     def discard_uncommitted(self, last_committed: int) -> int:
         dropped = 0

@@ -9,6 +9,8 @@
 <data_dir>/metrics/sink_files.jsonl    append-only manifest of published sink files (pipeline/sinks.py)
 <data_dir>/savepoints/<name>/          named copies of the checkpoint (savepoint.json inside)
 <data_dir>/control/replay/<seq>.json   replay requests the running job picks up
+<data_dir>/control/restore.json        journal of a savepoint restore under way (pipeline/control.py)
+<data_dir>/job.lock                    flock held by the running job (or a restore); the OS drops it when the holder dies
 ```
 
 Both the job and the console import this module; it imports nothing heavy.
@@ -16,7 +18,10 @@ Both the job and the console import this module; it imports nothing heavy.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+from pipeline.errors import ConfigError
 
 SINKS = ("enriched", "missing_state", "dead_letter")
 METRIC_STREAMS = ("progress", "tasks", "events")
@@ -70,3 +75,28 @@ def savepoints_dir(data_dir: Path) -> Path:
 
 def replay_requests_dir(data_dir: Path) -> Path:
     return Path(data_dir) / "control" / "replay"
+
+
+def restore_journal_path(data_dir: Path) -> Path:
+    return Path(data_dir) / "control" / "restore.json"
+
+
+def job_lock_path(data_dir: Path) -> Path:
+    return Path(data_dir) / "job.lock"
+
+
+def ensure_data_dir(data_dir: Path) -> Path:
+    """Create the data dir if needed and check that files can be written in it; a regular
+    file, a read-only file system or a missing permission is one ConfigError naming the path."""
+    path = Path(data_dir)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"setting 'paths.data_dir' = {str(path)!r} is not a folder; point it at a writable folder")
+    probe = path / f".write-probe-{os.getpid()}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"setting 'paths.data_dir' = {str(path)!r} is not a writable folder "
+                          f"({exc.strerror or exc}); point it at a writable folder") from exc
+    return path
