@@ -172,6 +172,8 @@ def test_secrets_come_only_from_the_host(services):
 def test_spark_rpc_is_authenticated_with_one_secret_shared_by_job_master_and_worker(services):
     master, worker, job = services["spark-master"], services["spark-worker"], services["job"]
     assert "-Dspark.authenticate=true" in environment(master)["SPARK_MASTER_OPTS"].split()
+    # the REST submission server (on by default in Spark 4) would accept applications without the secret
+    assert "-Dspark.master.rest.enabled=false" in environment(master)["SPARK_MASTER_OPTS"].split()
     assert "-Dspark.authenticate=true" in environment(worker)["SPARK_WORKER_OPTS"].split()
     # daemons read Spark's _SPARK_AUTH_SECRET (never on a command line); the job reads our setting
     secrets = {environment(master)["_SPARK_AUTH_SECRET"], environment(worker)["_SPARK_AUTH_SECRET"],
