@@ -96,11 +96,15 @@ class EmbeddedBroker:
 
     def start(self, timeout: float = 20.0) -> "EmbeddedBroker":
         binary = find_binary()
-        self.broker_dir.mkdir(parents=True, exist_ok=True)
         config = self.broker_dir / "pulsar-lite.toml"
-        config.write_text(BROKER_CONFIG)
+        try:
+            self.broker_dir.mkdir(parents=True, exist_ok=True)
+            config.write_text(BROKER_CONFIG)
+            log = open(self.broker_dir / "broker.log", "ab")
+        except OSError as exc:
+            raise BrokerError(f"cannot write the broker's files under {str(self.broker_dir)!r} "
+                              f"({exc.strerror or exc}); set paths.data_dir to a writable folder") from exc
         self.port = self.port or find_free_port()
-        log = open(self.broker_dir / "broker.log", "ab")
         try:
             self.process = subprocess.Popen(
                 [str(binary), "--config", str(config), "--addr", f"127.0.0.1:{self.port}",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 from typing import Callable
 
@@ -27,9 +28,44 @@ def _settings(args: argparse.Namespace) -> Settings:
     return load_settings(args.config, cli=cli)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad argument as one ``error: …`` line (exit 2), as every other error."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message}; see --help\n")
+
+
+def whole_number(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number >= ``minimum``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= {minimum}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= {minimum}")
+        return value
+
+    parse.__name__ = "whole number"
+    return parse
+
+
+def finite_rate(text: str) -> float:
+    """An argparse type: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number >= 0")
+    return value
+
+
 def cmd_broker(args, settings):
     from pipeline.broker import serve_forever
+    from pipeline.store import ensure_data_dir
 
+    ensure_data_dir(settings.data_dir)
     serve_forever(settings)
 
 
@@ -72,6 +108,8 @@ def cmd_savepoint(args, settings):
         if not args.name:
             raise StatefulStreamsError("savepoint restore needs a NAME; see 'python -m pipeline savepoint list'")
         info = control.restore_savepoint(settings, args.name)
+        for warning in info.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
         print(f"restored savepoint {info.name!r} (batch {info.batch_id}); start the job with 'python -m pipeline run'")
 
 
@@ -93,7 +131,7 @@ def cmd_redrive(args, settings):
 def cmd_app(args, settings):
     from pipeline.console import serve_console
 
-    serve_console(settings)
+    return serve_console(settings)
 
 
 def cmd_demo(args, settings):
@@ -120,7 +158,7 @@ def cmd_exporter(args, settings):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m pipeline",
         description="Stateful Streams: enrich Pulsar orders with the latest user and item in Spark.",
     )
@@ -138,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("broker", cmd_broker, "run the embedded pulsar-lite broker in the foreground and print its URL")
     topics = add("topics", cmd_topics, "create the three topics (partitions and retention where an admin API exists)")
-    topics.add_argument("--partitions", type=int, default=1, help="partitions per topic (admin API only)")
+    topics.add_argument("--partitions", type=whole_number(1), default=1, help="partitions per topic (admin API only)")
 
     datagen = add("datagen", cmd_datagen, "generate deterministic users, items and orders CSVs")
     datagen.add_argument("--out", default="data", help="output folder (default: data)")
@@ -150,13 +188,13 @@ def build_parser() -> argparse.ArgumentParser:
     produce = add("produce", cmd_produce, "publish a CSV of users, items or orders as keyed JSON")
     produce.add_argument("topic", choices=["users", "items", "orders"])
     produce.add_argument("--file", help="CSV to read (default: data/<topic>.csv)")
-    produce.add_argument("--rate", type=float, default=0.0, help="messages per second (0 = as fast as possible)")
-    produce.add_argument("--limit", type=int, default=0, help="stop after this many messages (0 = all)")
+    produce.add_argument("--rate", type=finite_rate, default=0.0, help="messages per second (0 = as fast as possible)")
+    produce.add_argument("--limit", type=whole_number(0), default=0, help="stop after this many messages (0 = all)")
     produce.add_argument("--loop", action="store_true", help="start over at the end (orders only, for demos)")
     produce.add_argument("--quiet", action="store_true", help="no progress bar")
 
     run = add("run", cmd_run, "run the enrichment job in the foreground")
-    run.add_argument("--max-batches", type=int, default=0, help="stop after this many micro-batches (0 = never)")
+    run.add_argument("--max-batches", type=whole_number(0), default=0, help="stop after this many micro-batches (0 = never)")
 
     savepoint = add("savepoint", cmd_savepoint, "take, list or restore savepoints")
     savepoint.add_argument("action", choices=["take", "list", "restore"])
@@ -187,10 +225,14 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         settings = _settings(args)
-        args.func(args, settings)
+        code = args.func(args, settings)
     except StatefulStreamsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a file system problem no command foresaw: still one line, naming the path
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
-    return 0
+    return code if isinstance(code, int) else 0

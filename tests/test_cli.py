@@ -44,7 +44,19 @@ def test_bad_input_gives_one_line(tmp_path, args, expected):
     assert expected in lines[0]
 
 
-@pytest.mark.parametrize("args", [["replay", "orders"], ["produce", "carts"], ["run", "--max-batches", "x"], ["nosuch"]])
-def test_argparse_rejects_unknown_choices(args):
+@pytest.mark.parametrize("args,expected", [
+    (["replay", "orders"], "invalid choice: 'orders'"),
+    (["produce", "carts"], "invalid choice: 'carts'"),
+    (["run", "--max-batches", "x"], "'x' is not a whole number >= 0"),
+    (["nosuch"], "invalid choice: 'nosuch'"),
+    (["run", "--max-batches", "-5"], "argument --max-batches: '-5' is not a whole number >= 0"),
+    (["topics", "--partitions", "-3"], "argument --partitions: '-3' is not a whole number >= 1"),
+    (["topics", "--partitions", "0"], "argument --partitions: '0' is not a whole number >= 1"),
+    (["produce", "orders", "--rate", "nan"], "argument --rate: 'nan' is not a number >= 0"),
+    (["produce", "orders", "--limit", "-1"], "argument --limit: '-1' is not a whole number >= 0"),
+])
+def test_argparse_rejects_bad_arguments_in_one_line(args, expected):
     out = run_cli(*args)
-    assert out.returncode == 2 and "invalid" in out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert out.returncode == 2 and len(lines) == 1, out.stderr
+    assert lines[0].startswith("error: ") and expected in lines[0]
