@@ -1,12 +1,36 @@
-"""The console's entry point: it sets the page frame and routes to one file per screen."""
+"""The console's entry point: it sets the page frame, refuses an unsafe bind, and routes to one file per screen."""
 
 from pathlib import Path
 
 import streamlit as st
+from streamlit.runtime import Runtime
+
+from app.resources import get_settings
+from pipeline.console import check_console_access, is_loopback
+from pipeline.errors import StatefulStreamsError
 
 PAGES = Path(__file__).resolve().parent.parent / "pages"
 
 st.set_page_config(page_title="Stateful Streams console", page_icon=":material/stream:", layout="wide")
+
+
+def check_bind() -> None:
+    """Check the address Streamlit really serves on (``--server.address`` may differ from the
+    settings, and unset means every interface): off loopback, no tracebacks for viewers and a
+    token is required. AppTest serves nothing (its runtime is a stand-in), so it is not checked."""
+    if type(Runtime.instance()) is not Runtime:
+        return
+    address = st.get_option("server.address")
+    if not is_loopback(address):
+        st.set_option("client.showErrorDetails", "none")
+    try:
+        check_console_access(address, get_settings()["app.admin_token"])
+    except StatefulStreamsError as exc:
+        st.error(f"The console refuses to serve: {exc}", icon=":material/block:")
+        st.stop()
+
+
+check_bind()
 navigation = st.navigation({
     "Watch": [
         st.Page(PAGES / "live_enrichment.py", title="Live enrichment", icon=":material/monitoring:", default=True),

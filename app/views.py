@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 import math
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -19,6 +21,7 @@ import streamlit as st
 from app import console_math, metric_queries
 from app.resources import fetch, get_settings, now_ms
 from pipeline.config import Settings
+from pipeline.console import MIN_TOKEN_CHARS
 from pipeline.errors import StatefulStreamsError
 
 START_HINT = "start the job with `make demo` or `python -m pipeline run`"
@@ -137,6 +140,40 @@ def render_job_status(status: console_math.JobStatus) -> None:
 # ------------------------------------------------------------------ control actions
 
 
+class WrongTokenBrake:
+    """Slows down guessing the admin token, for every session of the console process at once.
+
+    The first :attr:`free` wrong tokens in a row cost nothing (typos happen); after that each
+    one locks the actions for twice as long as the last (1 s, 2 s, 4 s, … up to ``max_s``),
+    and a right token resets it. ``clock`` is injected so tests need no sleeping.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, free: int = 3, max_s: float = 300.0):
+        self.clock, self.free, self.max_s = clock, free, max_s
+        self.failures, self.locked_until = 0, 0.0
+        self._lock = threading.Lock()
+
+    def wait_seconds(self) -> float:
+        """How long before the next try is even looked at (0 when it is)."""
+        with self._lock:
+            return max(0.0, self.locked_until - self.clock())
+
+    def record(self, right: bool) -> None:
+        with self._lock:
+            if right:
+                self.failures, self.locked_until = 0, 0.0
+                return
+            self.failures += 1
+            if self.failures > self.free:
+                self.locked_until = self.clock() + min(self.max_s, 2.0 ** (self.failures - self.free - 1))
+
+
+@st.cache_resource(show_spinner=False)
+def get_token_brake() -> WrongTokenBrake:
+    """The console process's one brake: a new browser session does not reset it."""
+    return WrongTokenBrake()
+
+
 def load_control():
     """The control module, imported when an action needs it so pages render without it."""
     return importlib.import_module("pipeline.control")
@@ -179,9 +216,21 @@ def render_confirmed_action(
         if not confirmed:
             st.error("Tick “Yes, I want to do this” first.")
             return
-        if not console_math.token_matches(configured_token, typed_token):
-            st.error("The admin token is not right; nothing was done.")
+        if configured_token and len(configured_token) < MIN_TOKEN_CHARS:
+            st.error(f"Control actions are off: the configured admin token is shorter than {MIN_TOKEN_CHARS} "
+                     "characters. Set a longer SS_APP_ADMIN_TOKEN and restart the console.")
             return
+        if configured_token:
+            brake = get_token_brake()
+            wait_s = brake.wait_seconds()
+            if wait_s > 0:
+                st.error(f"Too many wrong admin tokens; try again in {math.ceil(wait_s)} s. Nothing was done.")
+                return
+            right = console_math.token_matches(configured_token, typed_token)
+            brake.record(right)
+            if not right:
+                st.error("The admin token is not right; nothing was done.")
+                return
         try:
             message = perform()
         except ModuleNotFoundError as exc:

@@ -112,8 +112,9 @@ def render_savepoints() -> None:
 
         def restore() -> str:
             info = views.load_control().restore_savepoint(settings, chosen)
+            warnings = "".join(f" Warning: {w}." for w in getattr(info, "warnings", ()))
             return (f"Restored savepoint {info.name!r} (batch {info.batch_id}); start the job with "
-                    "`python -m pipeline run` to continue from it.")
+                    f"`python -m pipeline run` to continue from it.{warnings}")
 
         views.render_confirmed_action("restore_savepoint", "Restore savepoint…",
                                       f"replace the job's checkpoint with savepoint {chosen!r}. The job must be stopped; "
