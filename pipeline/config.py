@@ -125,10 +125,10 @@ def _choice(*allowed: str) -> Callable[[Any], str]:
 
 
 def _port(raw: Any) -> int:
-    value = _int_at_least(1)(raw)
-    if value > 65535:
-        raise ValueError("a port number from 1 to 65535")
-    return value
+    try:
+        return _int_at_least(1, 65535)(raw)
+    except ValueError:
+        raise ValueError("a port number from 1 to 65535") from None
 
 
 def _positive_duration(raw: Any) -> float:

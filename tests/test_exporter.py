@@ -136,7 +136,7 @@ def test_cli_rejects_a_bad_port_with_one_line(tmp_path, port):
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0, result.stderr
     assert result.stderr.startswith(f"error: setting 'exporter.port' = '{port}' (from command line) is not valid")
-    assert re.search(r"expected .*(from 1 to|>= 1)", result.stderr), result.stderr
+    assert "expected a port number from 1 to 65535;" in result.stderr, result.stderr
 
 
 def test_cli_serves_on_the_configured_port_and_dies_with_its_parent(empty_data_dir):
