@@ -9,12 +9,18 @@ text is the one-line ``error`` of its dead-letter row.
 from __future__ import annotations
 
 import json
+import re
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 MAX_PAYLOAD_BYTES = 1 << 20  # far above any real record; bigger ones are poison
 NONE = -1  # the Java model's "no time" / "no parent" marker
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# Times are epoch milliseconds within years 1 to 9999 (ISO 8601's, Python's datetime's): beyond
+# about year 294247 DuckDB cannot read a sink's timestamp column at all, so one order would
+# make the whole sink unreadable.
+MIN_TIME_MS, MAX_TIME_MS = -62_135_596_800_000, 253_402_300_799_999
 
 
 @dataclass(frozen=True)
@@ -23,23 +29,24 @@ class Field:
     kind: type  # int, float or str
     required: bool
     default: Any = None
+    time: bool = False  # epoch milliseconds, within MIN_TIME_MS..MAX_TIME_MS
 
 
 USER_FIELDS = (
     Field("id", int, True), Field("firstName", str, False), Field("lastName", str, False),
-    Field("emailAddress", str, False), Field("createdAt", int, False, NONE),
-    Field("deletedAt", int, False, NONE), Field("mergedAt", int, False, NONE),
+    Field("emailAddress", str, False), Field("createdAt", int, False, NONE, time=True),
+    Field("deletedAt", int, False, NONE, time=True), Field("mergedAt", int, False, NONE, time=True),
     Field("parentUserId", int, False, NONE),
 )
 ITEM_FIELDS = (
-    Field("id", int, True), Field("createdAt", int, False, NONE), Field("adjective", str, False),
+    Field("id", int, True), Field("createdAt", int, False, NONE, time=True), Field("adjective", str, False),
     Field("category", str, False), Field("modifier", str, False), Field("name", str, False),
     Field("price", float, True),
 )
 ORDER_FIELDS = (
     Field("invoiceId", int, True), Field("lineItemId", int, True), Field("userId", int, True),
     Field("itemId", int, True), Field("itemName", str, False), Field("itemCategory", str, False),
-    Field("price", float, True), Field("createdAt", int, True), Field("paidAt", int, False, NONE),
+    Field("price", float, True), Field("createdAt", int, True, time=True), Field("paidAt", int, False, NONE, time=True),
 )
 FIELDS = {"users": USER_FIELDS, "items": ITEM_FIELDS, "orders": ORDER_FIELDS}
 KEY_FIELD = {"users": "id", "items": "id", "orders": "invoiceId"}
@@ -66,14 +73,18 @@ def _coerce(field: Field, value: Any) -> Any:
                 raise BadMessage(f"field {field.name!r} must be an integer, got {value!r}")
             value = int(value)
         if not INT64_MIN <= value <= INT64_MAX:
-            raise BadMessage(f"field {field.name!r} = {value} is outside the 64-bit range")
-        return value
+            raise BadMessage(f"field {field.name!r} = {_short(value)} is outside the 64-bit range")
+        return _check_time(field, value)
     if field.kind is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise BadMessage(f"field {field.name!r} must be a number, got {type(value).__name__} {_short(value)}")
-        if value != value or value in (float("inf"), float("-inf")):
-            raise BadMessage(f"field {field.name!r} must be a finite number, got {value!r}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer past the float range
+            number = float("inf")
+        if number - number != 0.0:  # inf or nan
+            raise BadMessage(f"field {field.name!r} must be a finite number, got {_short(value)}")
+        return number
     if not isinstance(value, str):
         raise BadMessage(f"field {field.name!r} must be a string, got {type(value).__name__} {_short(value)}")
     if not _text(value):
@@ -84,8 +95,24 @@ def _coerce(field: Field, value: Any) -> Any:
     return value
 
 
+def _check_time(field: Field, value: int) -> int:
+    if field.time and not MIN_TIME_MS <= value <= MAX_TIME_MS:
+        raise BadMessage(f"field {field.name!r} = {value} is not a time in years 1 to 9999 "
+                         f"({MIN_TIME_MS}..{MAX_TIME_MS} epoch milliseconds)")
+    return value
+
+
 def _short(value: Any, limit: int = 40) -> str:
-    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    """A value as a short one-line ASCII text for an error (never the whole of a huge one)."""
+    if isinstance(value, str):
+        text = repr(value[:limit])
+    elif isinstance(value, int) and abs(value) >= 10**limit:
+        text = f"a {len(str(abs(value)))}-digit integer"
+    else:
+        try:
+            text = json.dumps(value)
+        except (RecursionError, ValueError):  # nested deeper than the encoder goes
+            text = f"a nested {type(value).__name__}"
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -101,7 +128,7 @@ def parse_record(topic: str, record: Any) -> dict[str, Any]:
                 raise BadMessage(f"required field {field.name!r} is missing")
             parsed[field.name] = field.default
         elif type(value) is field.kind and (_text(value) if field.kind is str else _plain(value)):
-            parsed[field.name] = value  # the common case, checked without _coerce's detours
+            parsed[field.name] = _check_time(field, value)  # the common case, without _coerce's detours
         else:
             parsed[field.name] = _coerce(field, value)
     return parsed
@@ -128,8 +155,10 @@ def _plain(value: int | float) -> bool:
 def parse_payload(topic: str, payload: bytes | None) -> dict[str, Any] | None:
     """The record in a message, or None for a changelog tombstone (empty payload).
 
-    Raises BadMessage for: an empty payload on ``orders``, over-size payloads, invalid UTF-8,
-    invalid JSON, a JSON value that is not an object, a missing, null or mistyped field.
+    Raises BadMessage, and nothing else, for: an empty payload on ``orders``, over-size payloads,
+    invalid UTF-8, invalid JSON (NaN, Infinity, numbers past 4300 digits included), a JSON value
+    that is not an object, a missing, null or mistyped field, text with a lone surrogate, an
+    integer past 64 bits, a non-finite number, a time outside years 1 to 9999.
     """
     if topic not in FIELDS:
         raise ValueError(f"unknown topic kind {topic!r}; expected one of {sorted(FIELDS)}")
@@ -144,20 +173,37 @@ def parse_payload(topic: str, payload: bytes | None) -> dict[str, Any] | None:
     except UnicodeDecodeError as exc:
         raise BadMessage(f"payload is not valid UTF-8 (byte {exc.start})") from None
     try:
-        record = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
-        where = f" at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
-        raise BadMessage(f"payload is not valid JSON: {msg}{where}") from None
+        record = json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise BadMessage(f"payload is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        raise BadMessage("payload is not valid JSON: nested too deeply") from None
+    except BadMessage:
+        raise
+    except ValueError:  # Python's int() limit: a number of more than 4300 digits
+        raise BadMessage(f"payload is not valid JSON: a number has over {sys.get_int_max_str_digits()} digits") from None
     return parse_record(topic, record)
 
 
+def _reject_constant(name: str) -> None:
+    # Python's json reads NaN and Infinity, which JSON (and the Java model's Jackson) does not have.
+    raise BadMessage(f"payload is not valid JSON: {name} is not a JSON number")
+
+
 def tombstone_key(key: str | None) -> int:
-    """The id a tombstone deletes: its message key, which must be an integer."""
-    try:
-        return int(str(key).strip())
-    except (TypeError, ValueError):
-        raise BadMessage(f"tombstone key {key!r} is not an integer id") from None
+    """The id a tombstone deletes: its message key, which must be a 64-bit integer in ASCII digits.
+
+    Stricter than Python's int(), which also reads "4_2" and other scripts' digits as 42.
+    """
+    text = "" if key is None else str(key).strip()
+    if _ID_TEXT.fullmatch(text) and INT64_MIN <= int(text) <= INT64_MAX:
+        return int(text)
+    if key is None:
+        raise BadMessage("tombstone key is missing; it must be the 64-bit integer id to delete")
+    raise BadMessage(f"tombstone key {_short(key)} is not a 64-bit integer id")
+
+
+_ID_TEXT = re.compile(r"[+-]?[0-9]{1,19}")
 
 
 def encode(record: dict[str, Any]) -> bytes:

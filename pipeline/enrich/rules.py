@@ -111,7 +111,8 @@ def dead_letter_error(exc: Exception) -> str:
     """The one-line error of a dead letter: a wire check's own text, or the failure named."""
     if isinstance(exc, wire.BadMessage):
         return str(exc)
-    text = " ".join(str(exc).split())[:300]
+    # A failure's text may quote the message (a lone surrogate would fail the sink's Arrow batch).
+    text = " ".join(str(exc).split())[:300].encode("utf-8", "backslashreplace").decode("utf-8")
     return f"cannot read the message: {type(exc).__name__}: {text}"
 
 

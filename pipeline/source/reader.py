@@ -93,17 +93,17 @@ def read_range(service_url: str, topic: str, kind: str, rng: Range, read_timeout
     try:
         for position in range(rng.start_n + 1, rng.end_n + 1):
             message, message_id = stream.next()
-            props = message.properties()
+            key, properties = read_key_and_properties(message)
             columns["kind"].append(kind)
             columns["topic"].append(topic)
             columns["partition"].append(partition)
             columns["message_id"].append(message_id)
             columns["position"].append(position)
             columns["generation"].append(rng.gen)
-            columns["key"].append(message.partition_key() or None)
+            columns["key"].append(key)
             columns["value"].append(message.data())
             columns["publish_time"].append(message.publish_timestamp() * 1000)
-            columns["properties"].append(json.dumps(props, sort_keys=True) if props else None)
+            columns["properties"].append(properties)
             if len(columns["kind"]) >= ARROW_BATCH_ROWS:
                 yield pa.RecordBatch.from_pydict(columns, schema=schema)
                 columns = _empty_columns()
@@ -115,6 +115,34 @@ def read_range(service_url: str, topic: str, kind: str, rng: Range, read_timeout
             yield pa.RecordBatch.from_pydict(columns, schema=schema)
     finally:
         stream.close()
+
+
+def read_key_and_properties(message) -> tuple[str | None, str | None]:
+    """A message's key (None if it has none) and its properties as sorted JSON (None if none),
+    whatever bytes the producer sent.
+
+    pulsar-client decodes both as strict UTF-8 and raises ``UnicodeDecodeError`` on anything
+    else (the protocol does not stop a producer from sending other bytes). Raised here, that
+    would fail the range and every retry of it, so one message would stop the job. Instead:
+
+    - a UTF-8 key is kept exactly as sent (a tombstone's key is the id it deletes);
+    - any other key is kept with its bad bytes escaped (``b"1\\xff"`` -> ``"1\\\\xff"``), which is
+      never an integer, so the parse step makes such a tombstone a dead letter; an order or an
+      upsert does not use its key and goes on;
+    - properties that are not UTF-8 cannot be read at all (the client has no raw accessor), so
+      they become None, with a warning: the message goes on without a ``redrive-of``.
+    """
+    try:
+        key = message.partition_key() or None
+    except UnicodeDecodeError as exc:
+        key = bytes(exc.object).decode("utf-8", "backslashreplace")  # exc.object: the whole key as sent
+    try:
+        props = message.properties()
+    except UnicodeDecodeError as exc:
+        log.warning("message %s on %r has properties that are not UTF-8 (%s); read without properties",
+                    id_text(message.message_id()), message.topic_name(), exc)
+        props = None
+    return key, (json.dumps(props, sort_keys=True) if props else None)
 
 
 class _RangeStream:
