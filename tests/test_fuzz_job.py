@@ -26,11 +26,11 @@ from pipeline import wire
 from pipeline.config import load_settings
 from pipeline.enrich import rules
 from pipeline.metrics import read_events, read_rows
-from pipeline.source.reader import id_text
+from pipeline.source.reader import id_text, read_key_and_properties
 from factories import item, order, publish, user
 from jobproc import JobThread
 from sinkread import rows
-from test_fuzz_wire import KNOWN_POISON, clean_text, keys, payloads, properties, to_bytes, dumps, typed_records
+from test_fuzz_wire import KNOWN_POISON, FakeMessage, clean_text, keys, payloads, properties, to_bytes, dumps, typed_records
 from waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -206,3 +206,23 @@ def test_poison_among_good_orders_lands_in_one_row_each_and_the_job_stays_up(fuz
         sent_key = outbox[kind][ids[kind].index(row["source_message_id"])][0]
         assert row["key"] == key_as_read(sent_key)  # a UTF-8 key exactly as sent
     assert job.thread.is_alive() and not read_events(data_dir, ("restart", "job_failed"))
+
+
+@hsettings(max_examples=20, deadline=None, database=None)
+@given(sent=st.lists(st.tuples(keys, properties), min_size=1, max_size=10))
+def test_the_reader_takes_any_key_and_properties_from_a_real_broker(broker, sent):
+    """pulsar-client 3.13 raises UnicodeDecodeError from partition_key() and properties() on
+    bytes that are not UTF-8; read_key_and_properties reads them as the pure tier's FakeMessage
+    (a model of that client) says, so the fast tier tests what a read task really gets."""
+    topic = f"persistent://public/default/fuzz-keys-{next(_examples)}-{id(sent)}"
+    publish_raw(broker.service_url, topic, [(key, b"{}", props) for key, props in sent])
+    client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        reader = client.create_reader(topic, pulsar.MessageId.earliest)
+        received = [reader.read_next(10_000) for _ in sent]
+    finally:
+        client.close()
+    for message, (key, props) in zip(received, sent):
+        assert read_key_and_properties(message) == read_key_and_properties(FakeMessage(key, props or {}))
+        if key:
+            assert read_key_and_properties(message)[0] == key_as_read(key)
