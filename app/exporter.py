@@ -55,7 +55,7 @@ METRICS = {
         "batches_total": "counter", "last_batch_id": "gauge", "last_batch_timestamp_seconds": "gauge",
         "input_rows_per_second": "gauge", "processed_rows_per_second": "gauge", "batch_duration_ms": "gauge",
         "trigger_interval_ms": "gauge", "batch_phase_duration_ms": "gauge", "backpressure_ratio": "gauge",
-        "state_rows": "gauge", "state_memory_bytes": "gauge", "state_commit_ms": "gauge", "rocksdb_commit_ms": "gauge",
+        "state_rows": "gauge", "keys_held": "gauge", "orders_waiting": "gauge", "state_memory_bytes": "gauge", "state_commit_ms": "gauge", "rocksdb_commit_ms": "gauge",
         "state_size_bytes": "gauge", "sink_rows_total": "counter", "backlog_messages": "gauge",
         "restarts_total": "counter", "dead_letters_total": "counter", "end_to_end_latency_seconds": "histogram",
         "job_up": "gauge", "job_state": "gauge",
@@ -164,6 +164,7 @@ class StoreCollector(Collector):
         totals = metric_queries.load_progress_totals(cursor, data_dir).iloc[0]
         newest = metric_queries.load_batches(cursor, data_dir, limit=1)
         state = metric_queries.load_state_by_operator(cursor, data_dir)
+        lookups = metric_queries.load_lookup_state(cursor, data_dir)
         backlog = metric_queries.load_backlog(cursor, data_dir, limit=1)
         events = metric_queries.load_event_counts(cursor, data_dir).set_index("kind")["events"]
         sink_rows = queries.load_sink_spans(cursor, data_dir).set_index("sink")["rows"]
@@ -193,8 +194,13 @@ class StoreCollector(Collector):
         yield _gauge("backpressure_ratio",
                      "Share of the newest batch's time spent past its trigger interval (0-1; OK <= 0.1, LOW <= 0.5).",
                      [({}, ratio)])
-        yield _gauge("state_rows", "Keys held in each stateful operator's state (newest batch).",
+        yield _gauge("state_rows", "State rows of each stateful operator (newest batch): one per key per state "
+                     "variable, so keys held plus keys with waiting orders.",
                      [({"operator": row.operator}, row.rows_total) for row in state.itertuples()])
+        yield _gauge("keys_held", "Keys each lookup holds a latest record for (newest state census).",
+                     [({"lookup": row.lookup}, row.keys_held) for row in lookups.itertuples()])
+        yield _gauge("orders_waiting", "Orders waiting in each lookup for their key's state (newest state census).",
+                     [({"lookup": row.lookup}, row.waiting_orders) for row in lookups.itertuples()])
         yield _gauge("state_memory_bytes", "Memory used by each stateful operator's state (newest batch).",
                      [({"operator": row.operator}, row.memory_bytes) for row in state.itertuples()])
         yield _gauge("state_commit_ms", "State store commit time of each stateful operator (newest batch).",

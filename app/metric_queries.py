@@ -90,6 +90,17 @@ def load_state_by_operator(connection: Connection, data_dir: Path) -> pd.DataFra
     return query_frame(connection, sql)
 
 
+def load_lookup_state(connection: Connection, data_dir: Path) -> pd.DataFrame:
+    """The newest census of each lookup: ``lookup, batch_id, ts_ms, keys_held, waiting_keys,
+    waiting_orders`` (keys held and orders waiting, from Spark's state metrics and state store)."""
+    sql = f"""
+        SELECT lookup, arg_max(batch_id, ts_ms) AS batch_id, max(ts_ms) AS ts_ms,
+               arg_max(keys_held, ts_ms) AS keys_held, arg_max(waiting_keys, ts_ms) AS waiting_keys,
+               arg_max(waiting_orders, ts_ms) AS waiting_orders
+        FROM {metrics_relation(data_dir, 'state')} GROUP BY lookup ORDER BY lookup"""
+    return query_frame(connection, sql)
+
+
 def load_backlog(connection: Connection, data_dir: Path, limit: int = 300) -> pd.DataFrame:
     """Per topic and batch over the newest ``limit`` batches: positions and the backlog.
 

@@ -79,6 +79,9 @@ METRIC_COLUMNS: dict[str, dict[str, str]] = {
         "task": "BIGINT", "records": "BIGINT", "duration_ms": "BIGINT",
     },
     "events": {"ts_ms": "BIGINT", "kind": "VARCHAR", "message": "VARCHAR", "details": "JSON"},
+    # Keys held and orders waiting per lookup (pipeline/state.py's census).
+    "state": {"ts_ms": "BIGINT", "batch_id": "BIGINT", "lookup": "VARCHAR", "state_rows": "BIGINT",
+              "keys_held": "BIGINT", "waiting_keys": "BIGINT", "waiting_orders": "BIGINT"},
 }
 
 

@@ -23,6 +23,21 @@ views.render_page_header(
 )
 
 
+def lookup_cards() -> list:
+    """Keys held per lookup and the orders waiting, from the job's newest state census."""
+    lookups = fetch(metric_queries.load_lookup_state, data_dir=data_dir)
+    if lookups.empty:
+        return [views.MetricCard("Keys held", "–", help="The job counts its state after its first batches.")]
+    cards = [views.MetricCard(f"{row.lookup.capitalize()} held", views.format_count(row.keys_held),
+                              help=f"Keys with a latest record in the {row.lookup} lookup's RocksDB state at batch "
+                                   f"{row.batch_id} (Spark's state rows less the keys with waiting orders).")
+             for row in lookups.itertuples()]
+    waiting = int(lookups["waiting_orders"].sum())
+    return cards + [views.MetricCard("Orders waiting", views.format_count(waiting),
+                                     help="Orders buffered for a user or item that has not arrived yet (max_wait), "
+                                          "read from the lookups' state store.")]
+
+
 @st.fragment(run_every=REFRESH_SECONDS)
 def render_history() -> None:
     batches = fetch(metric_queries.load_batches, data_dir=data_dir, limit=HISTORY)
@@ -35,13 +50,13 @@ def render_history() -> None:
         views.MetricCard("Last batch", views.format_count(latest["batch_id"]),
                          help=f"The newest committed batch, triggered {views.format_time(latest['trigger_time'])}."),
         views.MetricCard("Its duration", views.format_ms(latest["batch_duration_ms"])),
-        views.MetricCard("State rows", views.format_count(latest["state_rows"]), help="Summed over the stateful operators."),
         views.MetricCard("State size on disk", views.format_bytes(latest["state_size_bytes"])),
         views.MetricCard("RocksDB commit", views.format_ms(latest["rocksdb_commit_ms"]),
                          help="Sum of the RocksDB commit phases (rocksdbCommit…Latency: flush, compact, checkpoint, "
                               "file sync) over the operators, newest batch."),
         views.MetricCard("Restarts", views.format_count(restarts), help="Restart events over the whole metrics store."),
     ])
+    views.render_metric_cards(lookup_cards())
     phases_column, state_column = st.columns(2)
     phases_column.plotly_chart(charts.build_phase_chart(batches, PHASES), key="phases")
     state_column.plotly_chart(charts.build_state_chart(batches), key="state")

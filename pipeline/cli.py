@@ -128,6 +128,24 @@ def cmd_redrive(args, settings):
     print(f"re-drove {count} missing-state orders to {settings.topics['orders']}")
 
 
+def cmd_state(args, settings):
+    from pipeline import store
+    from pipeline.enrich.lookups import lookup_named
+    from pipeline.spark import build_spark
+    from pipeline.state import inspect_key
+
+    lookup = lookup_named(args.lookup)
+    checkpoint = store.checkpoint_dir(settings.data_dir)
+    # A small session of its own on this machine: it only reads the checkpoint the job writes.
+    spark = build_spark(settings.with_overrides(spark__master="local[1]", spark__shuffle_partitions=1),
+                        app_name="stateful-streams-state")
+    try:
+        found = inspect_key(spark, checkpoint, lookup, args.key)
+    finally:
+        spark.stop()
+    print(found.to_json() if args.json else found.describe())
+
+
 def cmd_app(args, settings):
     from pipeline.console import serve_console
 
@@ -209,6 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
     redrive.add_argument("--user", type=int, help="every missing order of this user id")
     redrive.add_argument("--item", type=int, help="every missing order of this item id")
     redrive.add_argument("--reason", choices=["user", "item", "user_and_item"], help="every missing order with this reason")
+
+    state = add("state", cmd_state, "print what the job holds for a key: its latest version and the orders waiting")
+    state.add_argument("lookup", choices=["users", "items"])
+    state.add_argument("key", type=int, help="the user or item id")
+    state.add_argument("--json", action="store_true", help="one JSON object (what the console reads)")
 
     add("app", cmd_app, "run the Streamlit console on app.address:app.port")
     add("demo", cmd_demo, "run broker, producers, job and console together (what 'make demo' runs)")

@@ -76,7 +76,6 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
     from pipeline.spark import shuffle_partitions
 
     checkpoint = store.checkpoint_dir(settings.data_dir)
-    check_checkpoint_layout(checkpoint)
     spark.dataSource.register(PulsarDataSource)
     topics = ",".join(f"{kind}={topic}" for kind, topic in settings.topics.items())
     max_rows = settings["job.max_rows_per_batch"]
@@ -133,14 +132,16 @@ def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event 
     from pipeline.control import acquire_job_lock, recover_restore
     from pipeline.listener import JobListener
     from pipeline.spark import build_spark
+    from pipeline.state import StateCensus
     from pipeline.topics import ensure_topics
 
     if max_batches < 0:
         raise StatefulStreamsError(f"max_batches {max_batches!r} must be >= 0 (0 = run until stopped)")
     lock = acquire_job_lock(settings, "job")
-    own_broker = listener = None
+    own_broker = listener = census = None
     try:
         recover_restore(settings)
+        check_checkpoint_layout(store.checkpoint_dir(settings.data_dir))
         service_url, own_broker = connect_broker(settings)
         metrics_store = MetricsStore(settings.data_dir)
         writer = SinkWriter(settings.data_dir)
@@ -161,6 +162,7 @@ def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event 
         listener = JobListener(metrics_store, writer, store.checkpoint_dir(settings.data_dir),
                                int(settings["job.trigger_interval"] * 1000), sc.uiWebUrl, sc.applicationId, on_batch)
         spark.streams.addListener(listener)
+        census = StateCensus(spark, store.checkpoint_dir(settings.data_dir), metrics_store, settings.max_wait_ms).start()
         attempts, delay = settings["job.restart.attempts"], settings["job.restart.delay"]
         metrics_store.event("job_started", f"job started on {settings['spark.master']} reading {service_url}",
                             settings=settings.redacted())
@@ -199,6 +201,8 @@ def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event 
                     metrics_store.event("job_stopped", "job stopped while waiting to restart")
                     return
     finally:
+        if census is not None:
+            census.stop()
         if listener is not None:
             spark.streams.removeListener(listener)
         if own_broker is not None:

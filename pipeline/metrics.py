@@ -18,9 +18,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from pipeline import store
+from pipeline.enrich.lookups import LOOKUPS
 from pipeline.source.offsets import replay_finished
 
-STATEFUL_STAGES = ("user_lookup", "item_lookup")  # in plan order: the 1st and 2nd shuffle reads
+# The lookups' stateful stages in plan order (the 1st and 2nd shuffle reads): user_lookup, item_lookup.
+STATEFUL_STAGES = tuple(f"{lookup.reason}_lookup" for lookup in LOOKUPS)
 
 
 def now_ms() -> int:
@@ -113,8 +115,7 @@ def build_progress_row(progress: dict, trigger_interval_ms: int, sink_rows: dict
     topics = topic_rows(_offset(source.get("startOffset")), _offset(source.get("endOffset")),
                         _offset(source.get("latestOffset")))
     # Spark lists state operators from the top of the plan down (a pre-order walk), so the
-    # last stage comes first: ItemLookup, then UserLookup. Seen in the figures too: the item
-    # lookup's memory grew with users when the list was read in plan order.
+    # last stage comes first: the item lookup, then the user lookup (operator ids 0 and 1).
     operators = list(reversed(progress.get("stateOperators") or []))
     state = []
     for name, op in zip(STATEFUL_STAGES, operators):

@@ -24,7 +24,7 @@ from pathlib import Path
 from pipeline.errors import ConfigError
 
 SINKS = ("enriched", "missing_state", "dead_letter")
-METRIC_STREAMS = ("progress", "tasks", "events")
+METRIC_STREAMS = ("progress", "tasks", "events", "state")
 
 
 def sinks_dir(data_dir: Path) -> Path:

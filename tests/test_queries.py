@@ -46,6 +46,7 @@ EMPTY_CALLS = {
     "load_partition_rows": {},
     "load_batches": {},
     "load_state_by_operator": {},
+    "load_lookup_state": {},
     "load_backlog": {},
     "load_progress_totals": {},
     "load_topic_positions": {"topic": "users", "since_ms": 0},
@@ -345,3 +346,16 @@ def test_a_line_of_the_wrong_shape_is_skipped_not_fatal(connection, tmp_path):
     good = {"ts": "2026-11-22T00:00:00.000Z", "ts_ms": 1, "kind": "job_started", "message": "m", "details": {}}
     (folder / "2026-11-22.jsonl").write_text(json.dumps(good) + "\n" + '{"ts_ms": "not a number", "kind": 3}\n{"ts_ms": 2')
     assert metric_queries.load_events(connection, tmp_path)["kind"].tolist() == ["job_started"]
+
+
+def test_lookup_state_is_the_newest_census_per_lookup(connection, tmp_path):
+    from pipeline.metrics import MetricsStore
+
+    metrics = MetricsStore(tmp_path)
+    for batch, held in ((3, 10), (7, 12)):
+        for lookup, waiting in (("users", 2), ("items", 0)):
+            metrics.append("state", {"ts_ms": 1000 * batch, "batch_id": batch, "lookup": lookup, "state_rows": held + waiting,
+                                     "keys_held": held, "waiting_keys": waiting, "waiting_orders": 3 * waiting})
+    state = metric_queries.load_lookup_state(connection, tmp_path).set_index("lookup")
+    assert state.loc["users", ["batch_id", "keys_held", "waiting_keys", "waiting_orders"]].tolist() == [7, 12, 2, 6]
+    assert state.loc["items", ["keys_held", "waiting_orders"]].tolist() == [12, 0]

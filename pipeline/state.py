@@ -1,0 +1,167 @@
+"""State inspection: what the job holds, read from its checkpoint with Spark's state data source.
+
+- :func:`inspect_key`: one key of one lookup: its latest record and the orders waiting for it
+  (``python -m pipeline state users 42``; the console runs that command).
+- :func:`count_waiting`: keys with waiting orders and the orders, per lookup, at one batch.
+- :class:`StateCensus`: the job's background thread that turns Spark's own state metrics into
+  ``keys held`` and ``orders waiting`` per lookup (the ``state`` stream of the metrics store).
+
+Spark's ``numRowsTotal`` of a lookup counts one row per key per state variable: the keys with a
+record plus the keys with waiting orders. The census reads the ``waiting`` variable at the same
+batch and subtracts. Every read here is of committed state only; nothing is written to the
+checkpoint, so it is safe while the job runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from pipeline.enrich.lookups import LOOKUPS, Lookup
+from pipeline.metrics import iso
+from pipeline.sinks import last_committed_batch
+
+log = logging.getLogger(__name__)
+CENSUS_INTERVAL_S = 60.0  # each census loads the lookups' RocksDB state; once a minute at most
+
+
+def operator_id(lookup: Lookup) -> int:
+    """The lookup's state operator id: Spark numbers them from the top of the plan down, so
+    the last lookup is 0."""
+    return len(LOOKUPS) - 1 - LOOKUPS.index(lookup)
+
+
+@dataclass
+class KeyState:
+    """What one lookup holds for one key at a committed batch."""
+
+    lookup: str
+    key: int
+    batch_id: int
+    latest: dict | None = None  # the record's state columns, None when nothing is held
+    waiting: list[dict] = field(default_factory=list)  # waiting orders: invoice_id, first_seen_ms, …
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), default=str)
+
+    def describe(self) -> str:
+        """A few lines for a person."""
+        if self.batch_id < 0:
+            return f"{self.lookup} {self.key}: the job has committed no batch yet"
+        lines = [f"{self.lookup} {self.key} at batch {self.batch_id}:"]
+        if self.latest is None:
+            lines.append("  latest: nothing held (never seen, or deleted by a tombstone)")
+        else:
+            lines.append("  latest: " + ", ".join(f"{k}={v!r}" for k, v in self.latest.items()))
+        lines.append(f"  waiting: {len(self.waiting)} order(s)")
+        lines += [f"    invoice {order['invoice_id']} (message {order['source_message_id']}), "
+                  f"waiting since {iso(order['first_seen_ms'])}" for order in self.waiting]
+        return "\n".join(lines)
+
+
+def _reader(spark, checkpoint: Path, lookup: Lookup, variable: str, batch_id: int):
+    return (spark.read.format("statestore").option("path", str(checkpoint))
+            .option("operatorId", operator_id(lookup)).option("stateVarName", variable)
+            .option("batchId", batch_id))
+
+
+def _partition_of(spark, key: int, partitions: int) -> int:
+    """The state partition of a key: Spark's hash partitioning of the grouping key."""
+    from pyspark.sql import functions as F
+
+    return spark.range(1).select(F.expr(f"pmod(hash(CAST({int(key)} AS BIGINT)), {partitions})")).first()[0]
+
+
+def _partitions(spark, checkpoint: Path) -> int:
+    metadata = spark.read.format("state-metadata").load(str(checkpoint)).collect()
+    return max((row["numPartitions"] for row in metadata), default=1)
+
+
+def inspect_key(spark, checkpoint: Path, lookup: Lookup, key: int) -> KeyState:
+    """The latest record and the waiting orders of ``key`` in ``lookup`` at the newest commit."""
+    batch_id = last_committed_batch(checkpoint)
+    found = KeyState(lookup.changelog, int(key), batch_id)
+    if batch_id < 0:
+        return found
+    partition = _partition_of(spark, key, _partitions(spark, checkpoint))
+    latest = (_reader(spark, checkpoint, lookup, "latest", batch_id).option("partitionId", partition).load()
+              .filter(f"key.value = {int(key)}").collect())
+    if latest:
+        found.latest = latest[0]["value"].asDict()
+    waiting = (_reader(spark, checkpoint, lookup, "waiting", batch_id).option("partitionId", partition)
+               .option("flattenCollectionTypes", "true").load().filter(f"key.value = {int(key)}")
+               .select("list_element.*").collect())
+    found.waiting = [{name: row[name] for name in ("invoice_id", "source_message_id", "first_seen_ms",
+                                                    "user_id", "item_id")} for row in waiting]
+    return found
+
+
+def count_waiting(spark, checkpoint: Path, lookup: Lookup, batch_id: int) -> tuple[int, int]:
+    """(keys with waiting orders, waiting orders) of ``lookup`` after ``batch_id``."""
+    row = (_reader(spark, checkpoint, lookup, "waiting", batch_id).option("flattenCollectionTypes", "false").load()
+           .selectExpr("count(*) AS keys", "coalesce(sum(size(list_value)), 0) AS orders").first())
+    return int(row["keys"]), int(row["orders"])
+
+
+class StateCensus:
+    """Keys held and orders waiting per lookup, written to the metrics store's ``state`` stream.
+
+    Runs on a daemon thread of the job (driver side): at most every ``interval_s`` it takes the
+    newest progress row, reads the lookups' ``waiting`` variables at that batch (skipped when
+    ``max_wait_ms`` is 0: nothing ever waits) and appends one row per lookup::
+
+        {"ts_ms": …, "batch_id": 41, "lookup": "users", "state_rows": 2801, "keys_held": 2780,
+         "waiting_keys": 21, "waiting_orders": 35}
+    """
+
+    def __init__(self, spark, checkpoint: Path, metrics_store, max_wait_ms: int, interval_s: float | None = None):
+        self.spark, self.checkpoint, self.metrics = spark, Path(checkpoint), metrics_store
+        self.max_wait_ms, self.interval_s = max_wait_ms, CENSUS_INTERVAL_S if interval_s is None else interval_s
+        self._stop = threading.Event()
+        self._last_batch = -1
+        self._thread = threading.Thread(target=self._run, name="state-census", daemon=True)
+
+    def start(self) -> "StateCensus":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        # Without waiting orders every state row is a key held, so a census costs nothing.
+        interval = 1.0 if self.max_wait_ms == 0 else self.interval_s
+        while not self._stop.wait(interval):
+            try:
+                self.take()
+            except Exception as exc:  # a census is a figure for the console, never a reason to stop the job
+                log.warning("state census skipped: %s", " ".join(str(exc).split())[:300])
+
+    def take(self) -> list[dict]:
+        """One census at the newest progress row not counted yet; returns the rows written."""
+        from pipeline.metrics import read_rows
+
+        progress = read_rows(self.metrics.data_dir, "progress")
+        if not progress or progress[-1]["batch_id"] == self._last_batch:
+            return []
+        newest = progress[-1]
+        rows_by_lookup = {op["operator"]: op["rows_total"] for op in newest.get("state") or []}
+        written = []
+        for lookup in LOOKUPS:  # every lookup counted before any row is written: one census, whole
+            name = f"{lookup.reason}_lookup"
+            if name not in rows_by_lookup:
+                continue
+            keys, orders = (0, 0) if self.max_wait_ms == 0 else \
+                count_waiting(self.spark, self.checkpoint, lookup, newest["batch_id"])
+            written.append({"ts_ms": int(time.time() * 1000), "batch_id": newest["batch_id"],
+                            "lookup": lookup.changelog, "state_rows": rows_by_lookup[name],
+                            "keys_held": max(0, rows_by_lookup[name] - keys), "waiting_keys": keys,
+                            "waiting_orders": orders})
+        for row in written:
+            self.metrics.append("state", row)
+        self._last_batch = newest["batch_id"]
+        return written
