@@ -2,17 +2,35 @@
 
 Every message becomes exactly one envelope row: an upsert, a delete (tombstone), an order, or a
 dead letter with its one-line error. Nothing is dropped here, so nothing is lost, and no message
-can fail the batch (rules.route_messages turns any failure into a dead letter). Only the payload
-is looked at row by row; the source columns are carried over as whole Arrow columns.
+can fail the batch. ``rules.route_messages`` is the specification, message by message in Python.
+
+Most payloads are plain JSON objects, and those are read column-wise: one pyarrow JSON read per
+Arrow batch into the topic's typed columns, and vectorised checks of what the wire contract
+asks (required fields present and not null, finite numbers, times in range). A payload goes
+message by message through ``route_messages`` instead whenever the two could differ:
+
+- before reading, any payload that is not valid UTF-8, not ``{…}``, over 4 KiB, or that holds
+  ``\\u`` escapes, a control byte, ``NaN``/``Infinity``, or more than 64 brackets (Python's json
+  and Arrow's disagree on exactly these: lone surrogates, BOMs, nesting depth, non-JSON numbers);
+- any group of payloads Arrow refuses (a mistyped field, a duplicated one, an integer past 64
+  bits, invalid JSON: the group is halved until the culprits are alone), or that read as another
+  number of rows than payloads;
+- any row whose typed values fail a check: its error text comes from ``route_messages``.
+
+So a dead letter's error is always ``route_messages``'s, and a clean row's values are those it
+would give (tests/test_parse.py holds the two to each other over fuzzed batches).
 """
 
 from __future__ import annotations
 
+import io
 from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.json as pj
 
+from pipeline import wire
 from pipeline.enrich import rules
 
 _TYPES = {"string": pa.string(), "int": pa.int32(), "long": pa.int64(), "double": pa.float64()}
@@ -25,6 +43,16 @@ DECIDED = rules.DECIDED_COLUMNS
 DECIDED_SCHEMA = pa.schema([ENVELOPE_ARROW_SCHEMA.field(name) for name in ENVELOPE_ARROW_SCHEMA.names
                             if name in DECIDED])
 
+FAST_MAX_BYTES = 4096
+FAST_MAX_BRACKETS = 64
+SLOW_GROUP = 16  # a refused group this small goes message by message
+# what Python's json and Arrow's JSON reader read differently (see the module docstring)
+_SUSPECT = r"\\u|[\x00-\x1f]|NaN|Infinity"
+_ARROW_KIND = {int: pa.int64(), float: pa.float64(), str: pa.string()}
+_WIRE_SCHEMAS = {kind: pa.schema([(f.name, _ARROW_KIND[f.kind]) for f in fields]) for kind, fields in wire.FIELDS.items()}
+_PARSE_OPTIONS = {kind: pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore",
+                                        newlines_in_values=False) for kind, schema in _WIRE_SCHEMAS.items()}
+
 
 def parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Turn source record batches into envelope record batches (``rules.ENVELOPE_SPARK_SCHEMA``).
@@ -32,8 +60,7 @@ def parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]
     # {"kind": "orders", "op": "order", "user_id": 17, "item_id": 4, "price": 9.5, …, "user_state": None, …}
     """
     for batch in batches:
-        kinds, keys, values = (batch.column(name).to_pylist() for name in ("kind", "key", "value"))
-        decided = pa.RecordBatch.from_pydict(rules.route_messages(kinds, keys, values), schema=DECIDED_SCHEMA)
+        decided = decide_batch(batch)
         arrays = []
         for field in ENVELOPE_ARROW_SCHEMA:
             if field.name in DECIDED:
@@ -43,8 +70,123 @@ def parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]
             elif field.name == "published_at":  # microseconds -> epoch ms
                 arrays.append(pc.divide(pc.cast(batch.column("publish_time"), pa.int64()), 1000))
             elif field.name == "redrive_of":
-                arrays.append(pa.array([rules.redrive_of(props) if props else None
-                                        for props in batch.column("properties").to_pylist()], pa.string()))
+                arrays.append(_redrives(batch.column("properties")))
             else:  # filled in by the lookups
                 arrays.append(pa.nulls(batch.num_rows, field.type))
         yield pa.RecordBatch.from_arrays(arrays, schema=ENVELOPE_ARROW_SCHEMA)
+
+
+def decide_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """The decided envelope columns (``DECIDED_SCHEMA``) of a batch of source rows, row for row
+    what ``rules.route_messages`` gives."""
+    kinds = pc.unique(batch.column("kind")).to_pylist()
+    if len(kinds) != 1 or kinds[0] not in _WIRE_SCHEMAS:  # read tasks hold one topic; anything else goes slowly
+        return _slow(batch.column("kind").to_pylist(), batch.column("key").to_pylist(), batch.column("value").to_pylist())
+    kind, values = kinds[0], batch.column("value")
+    plain = _plain_payloads(values)
+    fast_rows = pc.indices_nonzero(plain)
+    pieces, slow_rows = [], pc.indices_nonzero(pc.invert(plain)).to_pylist()
+    for offset, count, table in _read_groups(kind, values.take(fast_rows).to_pylist(), 0):
+        rows = fast_rows[offset:offset + count]
+        if table is None:  # refused: message by message
+            slow_rows.extend(rows.to_pylist())
+            continue
+        good = _passes_checks(kind, table)
+        pieces.append((rows.filter(good), table.filter(good)))
+        slow_rows.extend(rows.filter(pc.invert(good)).to_pylist())
+    parts, order = [], []
+    for rows, table in pieces:
+        if table.num_rows:
+            parts.append(_decided_from_table(kind, table))
+            order.append(rows)
+    if slow_rows:
+        slow_rows.sort()
+        keys = batch.column("key").take(slow_rows).to_pylist()
+        parts.append(_slow([kind] * len(slow_rows), keys, values.take(slow_rows).to_pylist()))
+        order.append(pa.array(slow_rows, pa.uint64()))
+    if len(parts) <= 1:  # all rows in one part, in order
+        return parts[0] if parts else _slow([], [], [])
+    merged = pa.Table.from_batches(parts, schema=DECIDED_SCHEMA)
+    rows = pa.chunked_array([r.cast(pa.uint64()) for r in order]).combine_chunks()
+    return merged.take(pc.sort_indices(rows)).combine_chunks().to_batches()[0]
+
+
+def _plain_payloads(values: pa.Array) -> pa.Array:
+    """Which payloads Python's json and Arrow's reader are known to read alike (never null)."""
+    length = pc.binary_length(values)
+    plain = pc.and_kleene(pc.and_kleene(pc.starts_with(values, "{"), pc.ends_with(values, "}")),
+                          pc.less_equal(length, FAST_MAX_BYTES))
+    plain = pc.and_kleene(plain, pc.invert(pc.match_substring_regex(values, _SUSPECT)))
+    brackets = pc.count_substring_regex(values, r"[\[{]")
+    plain = pc.and_kleene(plain, pc.less_equal(brackets, FAST_MAX_BRACKETS))
+    return pc.fill_null(plain, False)
+
+
+def _read_groups(kind: str, payloads: list[bytes], offset: int) -> list[tuple[int, int, pa.Table | None]]:
+    """(offset, count, typed table) for each group of payloads Arrow reads one row each; the
+    table is None for a refused group of SLOW_GROUP or fewer (they go message by message)."""
+    if not payloads:
+        return []
+    try:
+        pa.array(payloads, pa.binary()).cast(pa.string())  # Arrow's reader does not check UTF-8
+        data = b"\n".join(payloads)
+        table = pj.read_json(io.BytesIO(data), read_options=pj.ReadOptions(use_threads=False, block_size=len(data) + 1),
+                             parse_options=_PARSE_OPTIONS[kind])
+        if table.num_rows == len(payloads):
+            return [(offset, len(payloads), table)]
+    except Exception:  # noqa: BLE001 - any refusal: halve the group and find the culprits
+        pass
+    if len(payloads) <= SLOW_GROUP:
+        return [(offset, len(payloads), None)]
+    half = len(payloads) // 2
+    return _read_groups(kind, payloads[:half], offset) + _read_groups(kind, payloads[half:], offset + half)
+
+
+def _passes_checks(kind: str, table: pa.Table) -> pa.Array:
+    """Rows whose typed values need no more checks: required fields present, numbers finite,
+    times in years 1 to 9999 (the rest of the wire contract Arrow's typed read already holds)."""
+    good = pa.array([True] * table.num_rows, pa.bool_())
+    for field in wire.FIELDS[kind]:
+        column = table.column(field.name)
+        ok = pc.is_valid(column) if field.required else pa.array([True] * table.num_rows, pa.bool_())
+        if field.kind is float:
+            ok = pc.and_(ok, pc.fill_null(pc.is_finite(column), True))
+        if field.time:
+            in_range = pc.and_(pc.greater_equal(column, wire.MIN_TIME_MS), pc.less_equal(column, wire.MAX_TIME_MS))
+            ok = pc.and_(ok, pc.fill_null(in_range, True))
+        good = pc.and_(good, ok)
+    return good
+
+
+def _decided_from_table(kind: str, table: pa.Table) -> pa.RecordBatch:
+    """Decided columns of rows that passed every check, as ``route_messages`` sets them."""
+    n = table.num_rows
+    by_column = {column: name for name, column in rules.RECORD_COLUMNS[kind].items()}
+    fields = {f.name: f for f in wire.FIELDS[kind]}
+    arrays = []
+    for target in DECIDED_SCHEMA:
+        if target.name == "op":
+            arrays.append(pa.array(["order" if kind == "orders" else "upsert"] * n, pa.string()))
+        elif target.name in by_column:
+            field = fields[by_column[target.name]]
+            column = table.column(field.name).combine_chunks()
+            if field.default is not None:
+                column = pc.fill_null(column, field.default)
+            if target.name in rules.TIME_COLUMNS:  # the Java model's -1 (any negative) means "no time"
+                column = pc.if_else(pc.less(column, 0), pa.scalar(None, column.type), column)
+            arrays.append(column.cast(target.type))
+        elif target.name in rules.ID_COLUMNS:
+            arrays.append(pa.array([0] * n, target.type))
+        else:
+            arrays.append(pa.nulls(n, target.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=DECIDED_SCHEMA)
+
+
+def _slow(kinds: list, keys: list, values: list) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict(rules.route_messages(kinds, keys, values), schema=DECIDED_SCHEMA)
+
+
+def _redrives(properties: pa.Array) -> pa.Array:
+    if properties.null_count == len(properties):
+        return pa.nulls(len(properties), pa.string())
+    return pa.array([rules.redrive_of(props) if props else None for props in properties.to_pylist()], pa.string())
