@@ -1,11 +1,12 @@
 """Missing state: find an order that was not enriched, see why and whether its user or item has
-appeared since, and re-drive it against today's state."""
+appeared since, look up what the job holds for them now, and re-drive it against today's state."""
 
 import pandas as pd
 import streamlit as st
 
 from app import charts, console_math, queries, views
 from app.resources import REFRESH_SECONDS, fetch
+from pipeline.errors import StatefulStreamsError
 
 WINDOW_S = 15 * 60
 RESULT_LIMIT = 200
@@ -107,6 +108,38 @@ def render_orders(search: dict[str, int]) -> list[int]:
     return sorted(set(int(invoice) for invoice in orders["invoice_id"]))
 
 
+def render_state_lookup(search: dict[str, int]) -> None:
+    """What the job holds now for a chosen order's user and item, read from its RocksDB state."""
+    orders = fetch(queries.load_missing_orders, data_dir=data_dir, limit=RESULT_LIMIT, **search)
+    if orders.empty:
+        return
+    st.subheader("What the job holds")
+    st.caption("Reads the running job's state for the chosen order's user and item (Spark's state data source, "
+               "in a process of its own; it takes a few seconds).")
+    choices = {f"invoice {r.invoice_id} · user {r.user_id} · item {r.item_id}": (int(r.user_id), int(r.item_id))
+               for r in orders.itertuples()}
+    chosen = st.selectbox("Order", list(choices), key="state_order")
+    if st.button("Look up its user and item", key="state_lookup"):
+        user_id, item_id = choices[chosen]
+        with st.spinner(f"Reading the job's state for user {user_id} and item {item_id}…"):
+            try:
+                st.session_state["state_found"] = views.load_control().inspect_state(
+                    settings, [("users", user_id), ("items", item_id)])
+            except StatefulStreamsError as exc:
+                st.error(str(exc))
+                return
+    for column, found in zip(st.columns(2), st.session_state.get("state_found", [])):
+        name = "User" if found["lookup"] == "users" else "Item"
+        column.markdown(f"**{name} {found['key']}** (batch {found['batch_id']})")
+        if found["latest"] is None:
+            column.info("Nothing held: never seen, or deleted by a tombstone.")
+        else:
+            column.dataframe(pd.DataFrame([found["latest"]]).T.rename(columns={0: "latest version"}))
+        column.caption(f"{len(found['waiting'])} order(s) waiting for it.")
+        if found["waiting"]:
+            column.dataframe(pd.DataFrame(found["waiting"])[["invoice_id", "source_message_id"]], hide_index=True)
+
+
 def render_redrive(invoice_ids: list[int]) -> None:
     st.subheader("Re-drive")
     st.caption("Republishes the chosen orders to the orders topic with a `redrive-of` property, "
@@ -128,4 +161,6 @@ render_overview()
 st.subheader("Find orders")
 search = read_search()
 if search is not None:
-    render_redrive(render_orders(search))
+    invoices = render_orders(search)
+    render_state_lookup(search)
+    render_redrive(invoices)

@@ -134,16 +134,22 @@ def cmd_state(args, settings):
     from pipeline.spark import build_spark
     from pipeline.state import inspect_key
 
-    lookup = lookup_named(args.lookup)
+    if len(args.targets) % 2:
+        raise StatefulStreamsError(f"state takes LOOKUP KEY pairs, e.g. 'users 42 items 7'; got {' '.join(args.targets)!r}")
+    targets = []
+    for name, key in zip(args.targets[::2], args.targets[1::2]):
+        if not key.lstrip("-").isdigit():
+            raise StatefulStreamsError(f"key {key!r} of {name} is not a whole number; give the numeric id")
+        targets.append((lookup_named(name), int(key)))
     checkpoint = store.checkpoint_dir(settings.data_dir)
     # A small session of its own on this machine: it only reads the checkpoint the job writes.
     spark = build_spark(settings.with_overrides(spark__master="local[1]", spark__shuffle_partitions=1),
                         app_name="stateful-streams-state")
     try:
-        found = inspect_key(spark, checkpoint, lookup, args.key)
+        found = [inspect_key(spark, checkpoint, lookup, key) for lookup, key in targets]
     finally:
         spark.stop()
-    print(found.to_json() if args.json else found.describe())
+    print("\n".join(state.to_json() if args.json else state.describe() for state in found))
 
 
 def cmd_app(args, settings):
@@ -229,9 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     redrive.add_argument("--reason", choices=["user", "item", "user_and_item"], help="every missing order with this reason")
 
     state = add("state", cmd_state, "print what the job holds for a key: its latest version and the orders waiting")
-    state.add_argument("lookup", choices=["users", "items"])
-    state.add_argument("key", type=int, help="the user or item id")
-    state.add_argument("--json", action="store_true", help="one JSON object (what the console reads)")
+    state.add_argument("targets", nargs="+", metavar="LOOKUP KEY", help="users or items, then the id; pairs may repeat")
+    state.add_argument("--json", action="store_true", help="one JSON object per key (what the console reads)")
 
     add("app", cmd_app, "run the Streamlit console on app.address:app.port")
     add("demo", cmd_demo, "run broker, producers, job and console together (what 'make demo' runs)")

@@ -486,3 +486,30 @@ def wait_until_stopped(settings: Settings, timeout_s: float = 60.0) -> bool:
             return False
         time.sleep(0.2)
     return True
+
+
+# ---------------------------------------------------------------------------- state look-up
+def inspect_state(settings: Settings, keys: list[tuple[str, int]], timeout_s: float = 300.0) -> list[dict]:
+    """What the job holds for each ``(lookup, key)``: its latest version and the orders waiting.
+
+    Runs ``python -m pipeline state … --json`` as a process of its own (its own small Spark
+    session reads the checkpoint), so the console never starts Spark. Returns one dict per key
+    (pipeline.state.KeyState as JSON).
+    """
+    import subprocess
+    import sys
+
+    from pipeline.console import PROJECT_ROOT, settings_environment
+
+    env = {name: value for name, value in os.environ.items() if not name.startswith("SS_")}
+    env.update(settings_environment(settings))
+    command = [sys.executable, "-m", "pipeline", "state", *(str(part) for pair in keys for part in pair), "--json"]
+    try:
+        done = subprocess.run(command, env=env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=timeout_s,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise ControlError(f"reading the job's state took over {timeout_s:.0f}s; try again") from None
+    if done.returncode != 0:
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+        raise ControlError((errors[-1][len("error: "):] if errors else f"the state look-up failed (exit {done.returncode})"))
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

@@ -47,6 +47,13 @@ class FakeControl(types.ModuleType):
         if self.fail_with:
             raise self.fail_with
 
+    def inspect_state(self, settings, keys):
+        self._record("inspect_state", keys=keys)
+        return [{"lookup": lookup, "key": key, "batch_id": 7,
+                 "latest": {"user_first_name": "Ada"} if lookup == "users" else None,
+                 "waiting": [] if lookup == "users" else [{"invoice_id": 5, "source_message_id": "1:2:-1:-1"}]}
+                for lookup, key in keys]
+
     def redrive(self, settings, invoice_ids=None, user_id=None, item_id=None, reason=None, requested_by="console"):
         self._record("redrive", invoice_ids=invoice_ids, requested_by=requested_by)
         return len(invoice_ids or [])
@@ -309,3 +316,15 @@ def test_the_entry_point_routes_to_every_page(monkeypatch, fixture_data, control
         app.switch_page(f"../pages/{page}").run()
         assert not app.exception
         assert app.title[0].value == title
+
+
+def test_missing_state_page_looks_up_what_the_job_holds_through_control(open_page, fixture_data, control):
+    app = open_page("missing_state.py", fixture_data.data_dir)
+    label = app.selectbox(key="state_order").options[0]
+    user_id, item_id = (int(part.split()[1]) for part in label.split(" · ")[1:])
+    app.button(key="state_lookup").click().run()
+    assert not app.exception
+    assert control.calls[-1] == ("inspect_state", (), {"keys": [("users", user_id), ("items", item_id)]})
+    shown = [block.value for block in app.markdown]
+    assert f"**User {user_id}** (batch 7)" in shown and f"**Item {item_id}** (batch 7)" in shown
+    assert any("Nothing held" in info.value for info in app.info)
