@@ -17,8 +17,9 @@ settings = views.load_page_settings()
 data_dir = settings.data_dir
 views.render_page_header(
     "Data skew",
-    "Hot keys put most of the state work on a few tasks. Skew % per stage is Flink's: "
-    "min(mean absolute deviation ÷ mean × 100, 100) over the record counts of the stage's tasks "
+    "Hot keys put most of the state work on a few tasks. Each lookup is keyed by its id, so a task's "
+    "rows are the orders and changelog records of the ids it owns. Skew % per stage is Flink's: "
+    "min(mean absolute deviation ÷ mean × 100, 100) over the row counts of the stage's tasks "
     "(0 % = even, 100 % = all on few tasks).",
     settings,
 )
@@ -61,14 +62,15 @@ def render_stage_skew() -> None:
     latest_skew = skew[skew["batch_id"] == latest_batch]
     views.render_metric_cards([
         views.MetricCard(f"Skew of {row.stage}", f"{row.skew_percent:.0f} %",
-                         help=f"Batch {latest_batch}: {row.records:,} records over {row.tasks} tasks.")
+                         help=f"Batch {latest_batch}: {row.records:,} rows (orders, changelog records and dead letters "
+                              f"passing through) over {row.tasks} tasks.")
         for row in latest_skew.itertuples()
     ] + [views.MetricCard("Worst skew, last batches", f"{skew['skew_percent'].max():.0f} %",
                           help=f"Highest skew % of any stage over the newest {TASK_BATCHES} batches.")])
     latest_tasks = tasks[tasks["batch_id"] == latest_batch]
     records_column, duration_column = st.columns(2)
-    records_column.plotly_chart(charts.build_task_chart(latest_tasks, "records", f"Records per task, batch {latest_batch}",
-                                                        "records"), key="task_records")
+    records_column.plotly_chart(charts.build_task_chart(latest_tasks, "records", f"Rows per task, batch {latest_batch}",
+                                                        "rows"), key="task_records")
     duration_column.plotly_chart(charts.build_task_chart(latest_tasks, "duration_ms", f"Duration per task, batch {latest_batch}",
                                                          "ms"), key="task_duration")
     st.plotly_chart(charts.build_skew_chart(skew), key="skew_trend")
