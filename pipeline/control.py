@@ -458,7 +458,7 @@ def redrive(settings: Settings, invoice_ids: list[int] | None = None, user_id: i
     from pipeline.broker import resolve_service_url
     from pipeline.topics import make_client
 
-    client = make_client(resolve_service_url(settings))
+    client = make_client(resolve_service_url(settings), token=settings["pulsar.auth_token"])
     try:
         producer = client.create_producer(settings.topics["orders"], batching_enabled=True, batching_max_publish_delay_ms=5)
         for row in rows:

@@ -194,7 +194,7 @@ def main(args, settings) -> None:
                 report(row.error)
 
     records = loop_orders(good_records) if args.loop else good_records(0)
-    client = make_client(resolve_service_url(settings))
+    client = make_client(resolve_service_url(settings), token=settings["pulsar.auth_token"])
     try:
         stats = publish_records(client, settings.topics[kind], kind, records, rate=args.rate,
                                 on_progress=(lambda sent: bar.update(sent + skipped)) if bar else None,
