@@ -92,7 +92,16 @@ def cmd_produce(args, settings):
 def cmd_run(args, settings):
     from pipeline.job import run_forever
 
-    run_forever(settings, max_batches=args.max_batches)
+    try:
+        run_forever(settings, max_batches=args.max_batches)
+    finally:
+        # Stop Spark while Python still answers its callbacks: a JVM left to die with the
+        # process posts listener events to a closed gateway and prints py4j traces.
+        from pyspark.sql import SparkSession
+
+        session = SparkSession.getActiveSession()
+        if session is not None:
+            session.stop()
 
 
 def cmd_savepoint(args, settings):

@@ -1,7 +1,10 @@
 """``make demo``: broker, producers, job and console on one machine, stopped together by Ctrl-C.
 
 Each part is its own ``python -m pipeline …`` process, so the demo shows exactly what an
-operator would run by hand. Children get a parent-death signal: none outlives the demo.
+operator would run by hand. Children get a parent-death signal: none outlives the demo. They
+run in process groups of their own, so a Ctrl-C in the terminal reaches the demo alone, which
+then stops them in reverse order (console and producers first, then the job, the broker last)
+with SIGTERM and prints one line per process and a last line saying what stopped and why.
 """
 
 from __future__ import annotations
@@ -32,24 +35,42 @@ class Processes:
     def start(self, name: str, *args: str, quiet: bool = True) -> subprocess.Popen:
         log = open(self.logs / f"{name}.log", "ab") if quiet else None
         child = subprocess.Popen([sys.executable, "-m", "pipeline", *args], env=self.env, stdout=log, stderr=log,
-                                 stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+                                 stdin=subprocess.DEVNULL, preexec_fn=die_with_parent, start_new_session=True)
         self.children.append((name, child))
         print(f"started {name} (pid {child.pid}); log: {self.logs / (name + '.log') if quiet else 'this terminal'}")
         return child
 
-    def stop_all(self) -> None:
+    def stop_all(self, grace_s: float = 60.0) -> None:
+        """SIGTERM each running child, newest first, and wait for it; one line per child."""
         for name, child in reversed(self.children):
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        for name, child in reversed(self.children):
+            if child.poll() is not None:
+                if name.startswith("produce-") and name != "produce-orders" and child.returncode == 0:
+                    continue  # a one-off load that finished long ago
+                print(f"{name}: had already exited with code {child.returncode}")
+                continue
+            started = time.monotonic()
+            child.send_signal(signal.SIGTERM)
             try:
-                child.wait(timeout=30)
+                code = child.wait(timeout=grace_s)
+                how = "on SIGTERM" if code == -signal.SIGTERM else f"exit {code}"
+                print(f"{name}: stopped ({how}) in {time.monotonic() - started:.1f}s")
             except subprocess.TimeoutExpired:
-                child.kill()
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+                print(f"{name}: killed after {grace_s:.0f}s without stopping")
+
+    def first_failure(self, watched: tuple[str, ...]) -> str | None:
+        """Why a watched child ended, if one did: ``job exited with code 2``."""
+        for name, child in self.children:
+            if name in watched and child.poll() is not None:
+                return f"{name} exited with code {child.returncode}; see {self.logs / (name + '.log')}"
+        return None
 
 
 def run_demo(settings: Settings) -> None:
     procs = Processes(settings)
+    why = "every process ended"
+    watched = ("job", "app", "broker")
     try:
         if settings.is_embedded and not running_embedded_url(settings.data_dir):
             procs.start("broker", "broker")
@@ -67,12 +88,14 @@ def run_demo(settings: Settings) -> None:
         print(f"console: http://{settings['app.address']}:{settings['app.port']}  (Ctrl-C stops everything)")
         time.sleep(8)  # orders for these users are already flowing: they wait in the buffer
         procs.start("produce-users-late", "produce", "users", "--file", str(DATA / "users_late.csv"), "--quiet")
-        while all(child.poll() is None for name, child in procs.children if name in ("job", "app", "broker")):
+        while (failure := procs.first_failure(watched)) is None:
             time.sleep(1)
-        failed = [name for name, child in procs.children if child.poll() not in (None, 0)]
-        if failed:
-            print(f"stopped: {', '.join(failed)} exited; see {procs.logs}", file=sys.stderr)
+        why = failure
     except KeyboardInterrupt:
-        print("stopping the demo…")
+        why = "Ctrl-C"
+        print("stopping the demo (Ctrl-C)…")
     finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean stop short
         procs.stop_all()
+        print(f"demo stopped: {why}; all {len(procs.children)} processes it started have exited",
+              file=sys.stderr if why != "Ctrl-C" else sys.stdout)

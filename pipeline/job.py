@@ -20,6 +20,7 @@ import os
 import re
 import signal
 import threading
+import time
 from pathlib import Path
 
 from pipeline import store
@@ -121,6 +122,22 @@ def connect_broker(settings: Settings) -> tuple[str, EmbeddedBroker | None]:
     return broker.service_url, broker
 
 
+def finish_batch_in_flight(query, timeout_s: float = 30.0) -> None:
+    """Wait, up to ``timeout_s``, for the micro-batch being run to commit, so that stopping the
+    query cancels no work (a cancelled batch is redone after a restart, but fills the log with
+    Spark's and py4j's traces)."""
+    deadline = time.monotonic() + timeout_s
+    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def stop_on_signals(stop: threading.Event) -> None:
+    """Ctrl-C and SIGTERM set ``stop`` (only the main thread may install signal handlers)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+
 def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event | None = None) -> None:
     """Run the job until stopped (Ctrl-C / SIGTERM / ``stop``), ``max_batches`` are done, or it fails for good.
 
@@ -153,11 +170,12 @@ def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event 
             if max_batches and batches_done[0] >= max_batches:
                 stop.set()
 
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, lambda *_: stop.set())
-            signal.signal(signal.SIGINT, lambda *_: stop.set())
+        stop_on_signals(stop)
         ensure_topics(settings, service_url)
         spark = build_spark(settings)
+        # PySpark's SparkContext installs a SIGINT handler that cancels every job and raises
+        # KeyboardInterrupt in the middle of a py4j call; ours stops the query cleanly instead.
+        stop_on_signals(stop)
         sc = spark.sparkContext
         listener = JobListener(metrics_store, writer, store.checkpoint_dir(settings.data_dir),
                                int(settings["job.trigger_interval"] * 1000), sc.uiWebUrl, sc.applicationId, on_batch)
@@ -179,6 +197,7 @@ def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event 
                     metrics_store.event("job_failed", f"job stopped: {error}", error=error)
                     raise SinkError(error) from None
                 if stop.is_set():
+                    finish_batch_in_flight(query)
                     query.stop()
                     metrics_store.event("job_stopped", f"job stopped after batch {last_committed_batch(store.checkpoint_dir(settings.data_dir))}")
                     recover_sinks(writer, settings)

@@ -1,0 +1,52 @@
+"""``make demo`` stops cleanly on Ctrl-C: one line per process, no stack trace, and a last line
+saying what stopped and why. The real demo runs (its own broker, producers, job and console)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from pipeline.metrics import read_rows
+from waiting import wait_for
+
+pytestmark = pytest.mark.e2e
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_ctrl_c_stops_every_process_with_one_line_each(tmp_path):
+    data_dir = tmp_path / "var"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SS_")}
+    env.update(SS_PATHS_DATA_DIR=str(data_dir), SS_APP_PORT=str(free_port()), SS_SPARK_MASTER="local[2]")
+    demo = subprocess.Popen([sys.executable, "-m", "pipeline", "demo"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        wait_for(lambda: read_rows(data_dir, "progress") or demo.poll() is not None, timeout=300,
+                 what="the demo job's first committed batch")
+        assert demo.poll() is None, demo.stdout.read()
+        os.killpg(demo.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends to the foreground group
+        output, _ = demo.communicate(timeout=180)
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+            demo.wait()
+    lines = [line for line in output.splitlines() if line.strip()]
+    started = [line.split()[1] for line in lines if line.startswith("started ")]
+    assert {"broker", "job", "app", "produce-orders"} <= set(started)
+    stop_lines = lines[lines.index("stopping the demo (Ctrl-C)…") + 1:]
+    assert stop_lines[-1] == f"demo stopped: Ctrl-C; all {len(started)} processes it started have exited"
+    stopped = {line.split(":")[0] for line in stop_lines[:-1]}
+    assert {"broker", "job", "app", "produce-orders"} <= stopped
+    assert all(": stopped (" in line or ": had already exited" in line for line in stop_lines[:-1])
+    assert "job: stopped (exit 0)" in "\n".join(stop_lines)
+    assert not any(marker in output for marker in ("Traceback", "\tat ", "Exception"))
