@@ -7,7 +7,7 @@ Streamlit binds ``app.address``:``app.port`` (127.0.0.1:8501 by default), runs h
 sends no usage statistics, and gets SIGTERM when the process that started it dies.
 
 Safety (:func:`check_console_access`, checked here before launching and again inside the app,
-so ``streamlit run app/main.py --server.address 0.0.0.0`` cannot skip it): off loopback the
+so ``streamlit run app/main.py`` with a non-loopback ``--server.address`` cannot skip it): off loopback the
 console needs an admin token, and shows viewers no tracebacks; a token shorter than
 :data:`MIN_TOKEN_CHARS` is refused everywhere.
 """
