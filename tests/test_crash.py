@@ -1,11 +1,25 @@
-"""Exactly-once through crashes: kill -9 the job at three random moments, restart each time."""
+"""Exactly-once through crashes: kill -9 the job at random moments, restart each time; and a
+measured chaos run (kills during publish, savepoint take and restore, a broker restart, a full
+disk) that counts what it survived and checks nothing was lost or doubled."""
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import signal
+import subprocess
 import time
+from collections import Counter
+from pathlib import Path
 
+import pytest
+
+from pipeline import control, store
+from pipeline.broker import EmbeddedBroker
+from pipeline.config import load_settings
 from pipeline.metrics import read_rows
+from pipeline.sinks import SinkWriter, last_committed_batch
 from factories import item, keyed, order, publish, user
 from jobproc import JobProcess
 from sinkread import invoices
@@ -44,3 +58,230 @@ def test_kill_9_three_times_keeps_every_order_exactly_once(settings_factory, tmp
     assert sorted(enriched + missing) == list(range(ORDERS))
     expected_missing = {n for n in range(ORDERS) if (n % 45) + 1 > 40 or (n % 9) + 1 > 8}
     assert set(missing) == expected_missing
+
+
+# ------------------------------------------------------------------------ chaos, measured
+
+FEED = 250  # orders published before each phase, so every phase has batches to run
+ARTIFACTS = Path(__file__).resolve().parent / "_artifacts"
+
+
+def _expected_missing(orders: int) -> set[int]:
+    return {n for n in range(orders) if (n % 45) + 1 > 40 or (n % 9) + 1 > 8}
+
+
+def _mount_tmpfs(path: Path, size: str) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True).returncode == 0
+
+
+def _committed_but_staged(data_dir: Path) -> list[int]:
+    """Staged batches the commit log already holds: what a crash between commit and publish leaves."""
+    last = last_committed_batch(store.checkpoint_dir(data_dir))
+    return sorted({b for ids in SinkWriter(data_dir).staged_batches().values() for b in ids if b <= last})
+
+
+def _killed_at_step(action, step: int) -> bool:
+    """Run ``action()`` in a forked child that SIGKILLs itself before its ``step``-th file copy,
+    rename, replace or tree removal; True if it died there, False if the action finished first."""
+    import shutil
+
+    pid = os.fork()
+    if pid == 0:
+        try:
+            count = [0]
+
+            def counted(real):
+                def step_then(*args, **kwargs):
+                    count[0] += 1
+                    if count[0] == step:
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    return real(*args, **kwargs)
+                return step_then
+
+            shutil.copy2, shutil.rmtree = counted(shutil.copy2), counted(shutil.rmtree)
+            os.rename, os.replace = counted(os.rename), counted(os.replace)
+            action()
+            os._exit(0)
+        except BaseException:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) or os.WEXITSTATUS(status) == 0, "the action failed instead of being killed"
+    return os.WIFSIGNALED(status)
+
+
+def _fill(disk: Path) -> Path:
+    """Fill a file system to the last byte with a ballast file."""
+    ballast = disk / "ballast"
+    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        for size in (1 << 20, 4096, 1):
+            while True:
+                try:
+                    os.write(fd, b"\0" * size)
+                except OSError:
+                    break
+    finally:
+        os.close(fd)
+    return ballast
+
+
+@pytest.mark.timeout(2400)  # about ten job starts on a shared 2-core machine
+def test_chaos_measured(tmp_path, unique_topics):
+    rng = random.Random(1313)
+    tally: Counter = Counter()
+    disk = tmp_path / "disk"
+    on_tmpfs = _mount_tmpfs(disk, "96m")  # a disk we can fill; without root the full-disk phase is skipped
+    disk.mkdir(exist_ok=True)
+    broker = EmbeddedBroker(tmp_path / "broker").start()
+    port = broker.port
+    topics = unique_topics()
+    settings = load_settings(env={}, cli={
+        "pulsar.service_url": broker.service_url, "paths.data_dir": str(disk / "data"), "spark.master": "local[2]",
+        "job.trigger_interval": "500ms", "job.restart.delay": "1s", "job.restart.attempts": "10",
+        "job.max_rows_per_batch": "100", "enrichment.max_wait": "0s",
+        **{f"topics.{name}": topic for name, topic in topics.items()}})
+    data_dir = settings.data_dir
+    messages = publish(broker.service_url, topics["users"], keyed("users", [user(u) for u in range(1, 41)]))
+    messages += publish(broker.service_url, topics["items"], keyed("items", [item(i) for i in range(1, 9)]))
+    sent = [0]
+    notes: list[str] = []
+
+    def feed(count: int = FEED) -> None:
+        first = sent[0]
+        publish(broker.service_url, topics["orders"], keyed("orders", [order(n, (n % 45) + 1, (n % 9) + 1)
+                                                                      for n in range(first, first + count)]))
+        sent[0] += count
+
+    def visible() -> list[int]:
+        return invoices(data_dir, "enriched") + invoices(data_dir, "missing_state")
+
+    def assert_no_duplicates(when: str) -> None:
+        seen = visible()
+        assert len(seen) == len(set(seen)), f"duplicates visible {when}"
+
+    jobs: list[JobProcess] = []
+
+    def start(name: str) -> JobProcess:
+        jobs.append(JobProcess(settings, tmp_path / f"{name}.log"))
+        return jobs[-1]
+
+    def wait_batch(job: JobProcess, what: str) -> None:
+        seen = committed_batches(data_dir)
+        wait_for(lambda: committed_batches(data_dir) > seen or job.proc.poll() is not None, timeout=300, what=what)
+        assert job.proc.poll() is None, f"the job exited ({job.proc.returncode}) waiting for {what}"
+
+    def kill(job: JobProcess, what: str) -> None:
+        job.kill9()
+        tally["job kill -9"] += 1
+        assert_no_duplicates(f"after kill -9 {what}")
+
+    try:
+        # 1. kill -9 at random moments
+        for crash in range(2):
+            feed()
+            job = start(f"random{crash}")
+            wait_batch(job, f"a batch before random crash {crash + 1}")
+            time.sleep(rng.uniform(0.0, 1.5))  # the random moment of the crash, not a synchronisation
+            kill(job, f"at random moment {crash + 1}")
+
+        # 2. kill -9 between a batch's commit and its publish (polled for; counted when it landed there)
+        for attempt in range(2):
+            feed(2 * FEED)
+            job = start(f"publish{attempt}")
+            wait_batch(job, "a batch before the publish-window crash")
+            deadline = time.monotonic() + 40
+            while not _committed_but_staged(data_dir) and time.monotonic() < deadline and job.proc.poll() is None:
+                time.sleep(0.001)
+            kill(job, "in the publish window")
+            if _committed_but_staged(data_dir):
+                tally["kills that landed between commit and publish"] += 1
+
+        # 3. savepoints taken while the job runs, kill -9 mid-copy at random steps
+        feed()
+        job = start("savepoints")
+        wait_batch(job, "a batch before the savepoints")
+        for attempt in range(3):
+            name = f"cut{attempt}"
+            if _killed_at_step(lambda: control.take_savepoint(settings, name), rng.randint(1, 30)):
+                tally["savepoint take kill -9"] += 1
+            listed = {s.name: s for s in control.list_savepoints(settings)}
+            if name in listed:  # a listed savepoint is always whole
+                assert (listed[name].path / "checkpoint" / "commits" / str(listed[name].batch_id)).exists()
+        saved = control.take_savepoint(settings, "chaos")
+
+        # 4. the broker restarts mid-stream
+        feed()
+        wait_batch(job, "a batch before the broker restart")
+        broker.stop()
+        wait_for(lambda: any(e["kind"] == "restart" for e in read_rows(data_dir, "events")) or job.proc.poll() is not None,
+                 timeout=120, what="the job to notice the broker is gone")
+        broker = EmbeddedBroker(tmp_path / "broker", port=port).start()
+        tally["broker restarts"] += 1
+        feed()
+        wait_batch(job, "a batch after the broker came back")
+        time.sleep(rng.uniform(0.0, 1.0))
+        kill(job, "after the broker restart")
+
+        # 5. restore the savepoint, kill -9 mid-restore at random steps: old or new checkpoint each time
+        for attempt in range(3):
+            before = last_committed_batch(store.checkpoint_dir(data_dir))
+            if _killed_at_step(lambda: control.restore_savepoint(settings, "chaos"), rng.randint(1, 80)):
+                tally["restore kill -9"] += 1
+            with control.acquire_job_lock(settings, "chaos-test"):
+                control.recover_restore(settings)
+            assert last_committed_batch(store.checkpoint_dir(data_dir)) in (before, saved.batch_id)
+            assert_no_duplicates(f"after a cut restore {attempt + 1}")
+        control.restore_savepoint(settings, "chaos")
+        assert last_committed_batch(store.checkpoint_dir(data_dir)) == saved.batch_id
+
+        # 6. the disk fills up in the middle of a batch, then space comes back
+        if on_tmpfs:
+            feed(2 * FEED)
+            job = start("disk-full")
+            wait_batch(job, "a batch before the disk fills")
+            ballast = _fill(disk)
+            tally["disk full"] += 1
+            try:
+                job.proc.wait(timeout=180)
+                errors = [line for line in (tmp_path / "disk-full.log").read_text(errors="replace").splitlines()
+                          if line.startswith("error: ")]
+                notes.append(f"on a full disk the job exited {job.proc.returncode}: {errors[-1] if errors else 'no error line'}")
+                job.stop()
+            except subprocess.TimeoutExpired:
+                notes.append("on a full disk the job kept running for 180 s; killed")
+                kill(job, "on a full disk")
+            ballast.unlink()
+            assert_no_duplicates("after the disk filled up")
+        else:
+            notes.append("no tmpfs could be mounted: full-disk phase skipped")
+
+        # 7. the last run takes every order home
+        feed()
+        job = start("final")
+        try:
+            wait_for(lambda: len(visible()) >= sent[0] or job.proc.poll() is not None, timeout=600,
+                     what="every order after the chaos")
+        finally:
+            assert job.stop() == 0
+    finally:
+        for job in jobs:
+            if job.proc.poll() is None:
+                job.kill9()
+        broker.stop()
+        if on_tmpfs:
+            seen_final = (invoices(data_dir, "enriched"), invoices(data_dir, "missing_state"))
+            subprocess.run(["umount", str(disk)], check=False)
+    enriched, missing = seen_final if on_tmpfs else (invoices(data_dir, "enriched"), invoices(data_dir, "missing_state"))
+    distinct = set(enriched + missing)
+    orders = sent[0]
+    report = {"kills": dict(tally), "messages": messages + orders, "orders": orders,
+              "losses": orders - len(distinct & set(range(orders))),
+              "duplicates": len(enriched) + len(missing) - len(distinct), "notes": notes}
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / "chaos.json").write_text(json.dumps(report, indent=2))
+    print(json.dumps(report))
+    assert report["losses"] == 0 and report["duplicates"] == 0, report
+    assert sorted(enriched + missing) == list(range(orders))
+    assert set(missing) == _expected_missing(orders)
