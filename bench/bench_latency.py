@@ -14,15 +14,26 @@ each rate in turn, orders are published at that steady rate for ``--seconds`` wi
   reader: publish to receive, with no Spark. The trigger interval (1 s) is the job's floor.
 
 Before the first rate, a warm-up of ``--warmup-seconds`` at the lowest rate is published and
-waited for (the first order batches fill the Python workers' caches from state; that is not
+waited for (the first order batches start the Python workers and warm RocksDB; that is not
 steady state). Latency is over enriched orders published after the first ``--settle``
 seconds of each rate (orders for unknown users wait ``enrichment.max_wait`` by design and land
-in missing_state; their count is reported). After publishing, the job gets ``--drain`` seconds to catch up;
-orders still not visible then count with a lower bound of their latency, and the rate is
-marked as not kept up. Prints a table and writes ``bench/results/latency.json``.
+in missing_state; their count is reported). After publishing, the job gets ``--drain`` seconds
+to catch up; orders still not visible then count with a lower bound of their latency, and the
+rate is marked as not kept up.
+
+**Where a batch's time goes**, per rate, as means over the batches that read orders: Spark's
+``durationMs`` phases from the job's progress rows in the metrics store (``latestOffset``: the
+source plans the batch; ``walCommit``: the offset log; ``addBatch``: the batch and its sinks;
+``commitOffsets``: the commit log) and each lookup's state store commit; the batch's Spark job
+and its three stages (source read and parse; user lookup; item lookup and the hand-over to the
+driver) from Spark's REST API (the job's UI port, found from /proc), with the sinks as
+``addBatch`` minus the Spark job; and the lookups' task time from the metrics store's
+``tasks`` rows. ``--trigger`` sets ``job.trigger_interval`` to measure that lever. The load
+average is recorded with each rate. Prints a table and writes ``bench/results/latency.json``.
 
     python -m bench.bench_latency                                  # 2k, 5k, 10k orders/s, 30 s each
     python -m bench.bench_latency --rates 2000 --seconds 20        # a quick look
+    python -m bench.bench_latency --rates 5000 --trigger 0.5s      # another trigger interval
 """
 
 from __future__ import annotations
@@ -163,14 +174,162 @@ def summary(latencies_ms: list[float]) -> dict:
 def batches_in(data_dir: Path, since_ms: float, until_ms: float) -> dict:
     """Mean batch duration and order rows of the job's batches that started in the window."""
     rows = [r for r in read_rows(data_dir, "progress") if since_ms <= r["ts_ms"] <= until_ms]
-    orders = [sum(t["rows"] for t in r["topics"] if t["topic"] == "orders") for r in rows]
+    orders = [r["num_input_rows"] for r in rows]  # only orders are published in the window
     return {"batches": len(rows),
             "mean_batch_ms": round(sum(r["batch_duration_ms"] for r in rows) / len(rows)) if rows else None,
             "mean_batch_orders": round(sum(orders) / len(rows)) if rows else None}
 
 
+def _mean(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return round(sum(values) / len(values)) if values else None
+
+
+def listening_ports(pid: int) -> list[int]:
+    """TCP ports ``pid`` listens on (from /proc: its socket inodes in /proc/net/tcp{,6})."""
+    inodes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:
+        return []
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return sorted(ports)
+
+
+def spark_api(job_pid: int) -> str | None:
+    """The REST API base of the job's Spark application (``…/api/v1/applications/<id>``): the
+    job's JVM listens on its UI port (4040 or the next free one), found from /proc."""
+    import json
+    import urllib.request
+
+    from bench.common import process_tree
+
+    ports = sorted({port for pid, cmdline in process_tree(job_pid).items() if cmdline.endswith("/bin/java")
+                    or "/bin/java " in cmdline for port in listening_ports(pid)},
+                   key=lambda p: (not 4040 <= p < 4140, p))  # the UI's ports first
+    for attempt in range(3):  # a busy driver can be slow to answer
+        for port in ports:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/applications", timeout=10) as response:
+                    apps = json.loads(response.read())
+                return f"http://127.0.0.1:{port}/api/v1/applications/{apps[0]['id']}"
+            except Exception:  # not the UI port, or no answer yet
+                continue
+    return None
+
+
+def _get_json(url: str):
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def _epoch_ms(text: str | None) -> float | None:
+    """Spark REST times ("2026-11-23T01:07:55.303GMT") in epoch ms."""
+    from datetime import datetime, timezone
+
+    if not text:
+        return None
+    return datetime.strptime(text.replace("GMT", ""), "%Y-%m-%dT%H:%M:%S.%f").replace(tzinfo=timezone.utc).timestamp() * 1000
+
+
+STAGES = ("source_parse", "user_lookup", "item_lookup")  # a batch's Spark job, in stage order
+
+
+def spark_stages(api: str | None, batch_ids: set[int]) -> dict[int, dict]:
+    """Per batch: the wall time of its Spark job and of each of its three stages (source read and
+    parse; user lookup; item lookup and the collect to the driver), their task time, and the
+    lookups' input rows, from Spark's REST API."""
+    if api is None or not batch_ids:
+        return {}
+    stages = {s["stageId"]: s for s in _get_json(f"{api}/stages?status=complete")}
+    found: dict[int, dict] = {}
+    for job in _get_json(f"{api}/jobs?status=succeeded"):
+        lines = (job.get("description") or "").split("\n")
+        batch = next((int(line.split("=", 1)[1]) for line in lines if line.startswith("batch = ")), None)
+        if batch not in batch_ids:
+            continue
+        own = [stages[i] for i in sorted(job.get("stageIds", [])) if i in stages]
+        if len(own) != len(STAGES):  # skipped or retried stages: not a clean sample
+            continue
+        started, ended = _epoch_ms(job.get("submissionTime")), _epoch_ms(job.get("completionTime"))
+        entry = found.setdefault(batch, {"job_ms": 0})
+        entry["job_ms"] += (ended - started) if started and ended else 0
+        for name, stage in zip(STAGES, own):
+            begun, done = _epoch_ms(stage.get("submissionTime")), _epoch_ms(stage.get("completionTime"))
+            entry[f"{name}_ms"] = (done - begun) if begun and done else None
+            entry[f"{name}_task_ms"] = stage.get("executorRunTime")
+            entry[f"{name}_tasks"] = stage.get("numTasks")
+            entry[f"{name}_rows_in"] = stage.get("shuffleReadRecords") or stage.get("inputRecords")
+    return found
+
+
+def batch_breakdown(data_dir: Path, api: str | None, since_ms: float, until_ms: float) -> dict:
+    """Where the time of the batches that read orders in the window went, as means per batch.
+
+    From the job's progress rows (the metrics store): Spark's ``durationMs`` phases
+    (``latestOffset`` = the source planning the batch on the driver, ``walCommit`` = the offset
+    log, ``addBatch`` = running the batch and the sinks, ``commitOffsets`` = the commit log) and
+    each lookup's state store commit. From Spark's REST API: the batch's Spark job and its three
+    stages; ``sinks_ms`` is ``addBatch`` minus the job (the driver's foreachBatch: the Arrow
+    hand-over, the rules, the Parquet files). From the metrics store's ``tasks`` rows: the
+    lookups' task time per batch as the listener recorded it.
+    """
+    rows = [r for r in read_rows(data_dir, "progress") if since_ms <= r["ts_ms"] <= until_ms
+            and any(t["topic"] == "orders" and t["rows"] for t in r["topics"])]
+    if not rows:
+        return {"batches": 0}
+    phases: dict[str, list] = {}
+    for row in rows:
+        for phase, ms in (row.get("duration_ms") or {}).items():
+            phases.setdefault(phase, []).append(ms)
+    out = {"batches": len(rows), "mean_orders": _mean(r["num_input_rows"] for r in rows),
+           "mean_batch_ms": _mean(r["batch_duration_ms"] for r in rows),
+           "progress_ms": {phase: _mean(values) for phase, values in sorted(phases.items())}}
+    for op in ("user_lookup", "item_lookup"):
+        out["progress_ms"][f"{op}_state_commit"] = _mean(s["commit_ms"] for r in rows for s in r["state"]
+                                                         if s["operator"] == op)
+    ids = {r["batch_id"] for r in rows}
+    try:
+        stages = spark_stages(api, ids)
+    except Exception as exc:  # the UI is best effort: report why it is missing
+        stages, out["spark_api_error"] = {}, f"{type(exc).__name__}: {exc}"
+    if stages:
+        keys = sorted({key for entry in stages.values() for key in entry})
+        out["spark_ms"] = {key: _mean(entry.get(key) for entry in stages.values()) for key in keys}
+        add_batch = {r["batch_id"]: (r.get("duration_ms") or {}).get("addBatch") for r in rows}
+        out["spark_ms"]["sinks_ms"] = _mean(add_batch[b] - entry["job_ms"] for b, entry in stages.items()
+                                            if add_batch.get(b) is not None)
+        out["spark_batches"] = len(stages)
+    tasks = [t for t in read_rows(data_dir, "tasks") if t["batch_id"] in ids]
+    for op in ("user_lookup", "item_lookup"):
+        per_batch: dict[int, int] = {}
+        for t in tasks:
+            if t["stage"] == op:
+                per_batch[t["batch_id"]] = per_batch.get(t["batch_id"], 0) + t["duration_ms"]
+        out.setdefault("metrics_tasks_ms", {})[op] = _mean(per_batch.values())
+    return out
+
+
 def measure_rate(rate: int, args, client, topics, orders_table, start: int, watcher: SinkWatcher,
-                 baseline: ConsumerBaseline, data_dir: Path, check) -> dict:
+                 baseline: ConsumerBaseline, data_dir: Path, check, api: str | None) -> dict:
     """Publish ``rate`` orders/s for ``args.seconds``; latencies of the orders after the warm-up."""
     count = rate * args.seconds
     began_ms = time.time() * 1000
@@ -202,6 +361,8 @@ def measure_rate(rate: int, args, client, topics, orders_table, start: int, watc
         "consumer": consumer, "job_p99_vs_consumer_p99": ratio(job["p99_s"], consumer["p99_s"]),
         "job_p99_vs_trigger": ratio(job["p99_s"], args.trigger_s),
         "job_batches": batches_in(data_dir, began_ms, ended_ms),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "breakdown": batch_breakdown(data_dir, api, measured_from, gave_up_ms),
     }
 
 
@@ -226,6 +387,18 @@ def print_table(result: dict) -> None:
               f"{r['job_batches']['mean_batch_ms'] or 0:>10,}{'yes' if r['kept_up'] else 'NO':>9}")
     print(f"(trigger interval {result['workload']['trigger_interval_s']:g} s; "
           f"'reader' = plain pulsar-client reader on the same topic at the same time)")
+    print("\nwhere a batch's time goes (means over the batches that read orders; ms):")
+    for r in result["rates"]:
+        b = r.get("breakdown") or {}
+        if not b.get("batches"):
+            continue
+        p, k = b["progress_ms"], b.get("spark_ms", {})
+        print(f"{r['rate']:>8,}/s: {b['batches']} batches of {b['mean_orders']:,} orders, {b['mean_batch_ms']:,} ms each "
+              f"(load {r['load_average'][0]:.1f}): plan {p.get('latestOffset')} + offsets {p.get('walCommit')} + "
+              f"run {p.get('addBatch')} [source+parse {k.get('source_parse_ms')}, user lookup {k.get('user_lookup_ms')}, "
+              f"item lookup {k.get('item_lookup_ms')}, sinks {k.get('sinks_ms')}] + commit {p.get('commitOffsets')} "
+              f"(state commits {p.get('user_lookup_state_commit')} / {p.get('item_lookup_state_commit')}), "
+              f"query planning {p.get('queryPlanning')}")
 
 
 def main(argv=None) -> dict:
@@ -235,11 +408,13 @@ def main(argv=None) -> dict:
     parser.add_argument("--settle", type=float, default=5.0, help="leading seconds of each rate not measured")
     parser.add_argument("--warmup-seconds", type=int, default=10, help="unmeasured publishing before the first rate")
     parser.add_argument("--drain", type=float, default=20.0, help="seconds the job gets to catch up after each rate")
+    parser.add_argument("--trigger", default="", help="job.trigger_interval (e.g. 0.5s); the job's default if empty")
     parser.add_argument("--users", type=int, default=50_000)
     parser.add_argument("--items", type=int, default=2_000)
     args = parser.parse_args(argv)
     rates = sorted(int(r) for r in args.rates.split(","))
     began = time.perf_counter()
+    load_at_start = [round(x, 2) for x in os.getloadavg()]
     warmup = rates[0] * args.warmup_seconds
     tables = generate(args.users, args.items, warmup + sum(rates) * args.seconds, seed=13)
     print(f"generated {args.users:,} users and {tables['orders'].rows:,} orders in {time.perf_counter() - began:.0f}s",
@@ -252,7 +427,8 @@ def main(argv=None) -> dict:
         broker = cleanup.enter_context(EmbeddedBroker(work / "broker"))
         settings = load_settings(env={}, cli={
             "pulsar.service_url": broker.service_url, "paths.data_dir": str(work / "data"),
-            "spark.master": "local[2]", **{f"topics.{k}": v for k, v in topics.items()}})
+            "spark.master": "local[2]", **({"job.trigger_interval": args.trigger} if args.trigger else {}),
+            **{f"topics.{k}": v for k, v in topics.items()}})
         args.trigger_s = settings["job.trigger_interval"]
         client = make_client(broker.service_url)
         cleanup.callback(client.close)
@@ -266,11 +442,13 @@ def main(argv=None) -> dict:
         check = alive(job, log_path)
 
         def state_loaded() -> bool:
-            read = {t["topic"]: t["end_position"] for r in read_rows(settings.data_dir, "progress") for t in r["topics"]}
-            return all(read.get(kind, 0) >= n for kind, n in loaded.items())
+            # messages read (a topic's rows in a progress row count entries, not messages)
+            return sum(r["num_input_rows"] for r in read_rows(settings.data_dir, "progress")) >= sum(loaded.values())
 
         wait_until(state_loaded, timeout=300, what="the job to load users and items", interval=0.2, check=check)
         print(f"the job loaded them in {time.perf_counter() - spawned:.0f}s", flush=True)
+        api = spark_api(job.proc.pid)
+        print(f"Spark REST API: {api or 'not found'}", flush=True)
         watcher = SinkWatcher(settings.data_dir)
         cleanup.callback(watcher.close)
         baseline = ConsumerBaseline(broker.service_url, topics["orders"])
@@ -287,7 +465,7 @@ def main(argv=None) -> dict:
                 continue
             print(f"{rate:,} orders/s for {args.seconds}s…", flush=True)
             figures = measure_rate(rate, args, client, topics, tables["orders"], published, watcher, baseline,
-                                   settings.data_dir, check)
+                                   settings.data_dir, check, api)
             published += figures["published"]
             results.append(figures)
             print(f"  job p50 {figures['job_enriched']['p50_s']} s, p99 {figures['job_enriched']['p99_s']} s; "
@@ -298,10 +476,11 @@ def main(argv=None) -> dict:
         if all(r.get("kept_up") for r in results) and len(watcher.line_items) != published:
             raise BenchError(f"{published - len(watcher.line_items):,} of {published:,} orders never reached a sink")
     result = {
-        "date": now_utc(), "machine": machine(),
+        "date": now_utc(), "machine": {**machine(), "load_average_at_start": load_at_start},
         "workload": {"users": loaded["users"], "items": loaded["items"], "seconds_per_rate": args.seconds,
                      "warmup_s": args.warmup_seconds, "settle_s": args.settle, "drain_s": args.drain, "spark_master": "local[2]",
-                     "trigger_interval_s": args.trigger_s, "max_wait_s": settings["enrichment.max_wait"]},
+                     "trigger_interval_s": args.trigger_s, "max_wait_s": settings["enrichment.max_wait"],
+                     "max_rows_per_batch": settings["job.max_rows_per_batch"]},
         "baseline": "plain pulsar-client reader, publish to receive, same topic at the same time; and the trigger interval",
         "target": {"rate": 5000, "p99_s": 2.0},
         "rates": results, "wall_s": round(time.perf_counter() - began, 1),

@@ -52,6 +52,12 @@ def _f(value, spec: str = ",.2f", unit: str = "") -> str:
     return "–" if value is None else f"{value:{spec}}{unit}"
 
 
+def _load(figures: dict) -> str:
+    """`` (load 3.2)``: the 1-minute load average recorded with a figure, if it was."""
+    load = figures.get("load_average")
+    return f" (load {load[0]:.1f})" if load else ""
+
+
 def figure_rows(results: dict) -> list[tuple[str, str, str, str]]:
     """(figure, value, baseline measured in the same run, ratio) for the combined table."""
     rows = []
@@ -68,29 +74,42 @@ def figure_rows(results: dict) -> list[tuple[str, str, str, str]]:
             continue
         job, reader = r["job_enriched"], r["consumer"]
         flag = "" if r["kept_up"] else " (fell behind; lower bounds)"
-        rows.append((label, f"{_f(job['p50_s'], '.2f')} / {_f(job['p99_s'], '.2f')} s{flag}",
+        rows.append((label, f"{_f(job['p50_s'], '.2f')} / {_f(job['p99_s'], '.2f')} s{flag}{_load(r)}",
                      f"plain reader p99 {_f(reader['p99_s'] * 1000 if reader['p99_s'] is not None else None, '.0f')} ms",
                      _f(r["job_p99_vs_consumer_p99"], ",.0f")))
     rec = results.get("recovery", {})
     if "cold_start" in rec:
         cold = f"cold start {_f(rec['cold_start']['to_first_batch_s'], '.1f')} s"
-        rows.append(("recovery, kill -9 to first batch", _f(rec["kill_9"]["to_first_batch_s"], ".1f", " s"), cold,
-                     _f(rec["kill_9"]["vs_cold_start"])))
-        rows.append(("recovery, savepoint restore to first batch", _f(rec["restore"]["to_first_batch_s"], ".1f", " s"),
-                     cold, _f(rec["restore"]["vs_cold_start"])))
+        kill = rec["kill_9"]
+        rows.append(("recovery, kill -9 to first batch (target <= 15 s)",
+                     _f(kill["to_first_batch_s"], ".1f", " s") + _load(kill), cold, _f(kill["vs_cold_start"])))
+        restore = rec["restore"]
+        if "error" in restore:
+            rows.append(("recovery, savepoint restore to first batch", "not measured", restore["error"][:80], "–"))
+        else:
+            rows.append(("recovery, savepoint restore to first batch", _f(restore["to_first_batch_s"], ".1f", " s"),
+                         cold, _f(restore["vs_cold_start"])))
         rows.append(("recovery, orders lost / duplicated", "0 / 0" if rec["exactly_once"] else "NOT exactly once",
                      f"{rec['workload']['orders']:,} orders", "–"))
     state = results.get("state", {})
     if "steps" in state:
         idle = state["idle_job"]["memory"]
+        first = next((s for s in state["steps"] if "skipped" not in s), None)
         for step in state["steps"]:
             if "skipped" in step:
                 rows.append((f"state, {step['users']:,} users", "not measured", step["skipped"], "–"))
                 continue
-            m = step["memory"]
-            rows.append((f"state, {step['users']:,} users: job RSS (driver+JVM+workers)",
-                         f"{m['total_mb']:,.0f} MB ({m['driver_python_mb']:,.0f}+{m['jvm_mb']:,.0f}+{m['python_workers_mb']:,.0f})",
+            m = step["memory_enriched"]
+            rows.append((f"state, {step['users']:,} users: job RSS after enriching, peak (driver+JVM+workers)",
+                         f"{m['total_mb']:,.0f} MB, peak {step['memory_peak_mb']:,.0f} MB "
+                         f"({m['driver_python_mb']:,.0f}+{m['jvm_mb']:,.0f}+{m['python_workers_mb']:,.0f})",
                          f"idle job {idle['total_mb']:,.0f} MB", _f(step["rss_vs_idle"])))
+            rows.append((f"state, {step['users']:,} users: orders/s enriched", _f(step["enrich"]["rows_per_s"], ",.0f")
+                         + _load(step["enrich"]), f"at {first['users']:,} users {_f(first['enrich']['rows_per_s'], ',.0f')}",
+                         _f(step["orders_per_s_vs_first"])))
+            rows.append((f"state, {step['users']:,} users: users/s loaded", _f(step["load"]["rows_per_s"], ",.0f"),
+                         f"at {first['users']:,} users {_f(first['load']['rows_per_s'], ',.0f')}",
+                         _f(step["users_per_s_vs_first"])))
             rows.append((f"state, {step['users']:,} users: state on disk", f"{step['state_bytes'] / 1e6:,.0f} MB",
                          f"raw users JSON {step['raw_json_bytes'] / 1e6:,.0f} MB", _f(step["state_vs_raw_json"])))
     console = results.get("console", {})
