@@ -328,6 +328,21 @@ def batch_breakdown(data_dir: Path, api: str | None, since_ms: float, until_ms: 
     return out
 
 
+def start_job_with(settings, log_path: Path, extra: dict):
+    """:func:`bench.common.start_job` with more ``--set`` flags for the job process (settings that
+    tests/jobproc.py does not pass on, such as ``spark.shuffle_partitions``)."""
+    import jobproc
+
+    if not extra:
+        return start_job(settings, log_path)
+    plain = jobproc.cli_args
+    jobproc.cli_args = lambda s: plain(s) + [arg for key, value in extra.items() for arg in ("--set", f"{key}={value}")]
+    try:
+        return start_job(settings, log_path)
+    finally:
+        jobproc.cli_args = plain
+
+
 def measure_rate(rate: int, args, client, topics, orders_table, start: int, watcher: SinkWatcher,
                  baseline: ConsumerBaseline, data_dir: Path, check, api: str | None) -> dict:
     """Publish ``rate`` orders/s for ``args.seconds``; latencies of the orders after the warm-up."""
@@ -409,6 +424,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--warmup-seconds", type=int, default=10, help="unmeasured publishing before the first rate")
     parser.add_argument("--drain", type=float, default=20.0, help="seconds the job gets to catch up after each rate")
     parser.add_argument("--trigger", default="", help="job.trigger_interval (e.g. 0.5s); the job's default if empty")
+    parser.add_argument("--shuffle-partitions", type=int, default=0,
+                        help="spark.shuffle_partitions for the job (the lookups' state partitions); 0: the job's default")
     parser.add_argument("--users", type=int, default=50_000)
     parser.add_argument("--items", type=int, default=2_000)
     args = parser.parse_args(argv)
@@ -437,7 +454,8 @@ def main(argv=None) -> dict:
         print(f"published {loaded['users']:,} users and {loaded['items']:,} items; starting the job…", flush=True)
         log_path = work / "job.log"
         spawned = time.perf_counter()
-        job = start_job(settings, log_path)
+        extra = {"spark.shuffle_partitions": args.shuffle_partitions} if args.shuffle_partitions else {}
+        job = start_job_with(settings, log_path, extra)
         cleanup.callback(job.stop)
         check = alive(job, log_path)
 
@@ -480,7 +498,8 @@ def main(argv=None) -> dict:
         "workload": {"users": loaded["users"], "items": loaded["items"], "seconds_per_rate": args.seconds,
                      "warmup_s": args.warmup_seconds, "settle_s": args.settle, "drain_s": args.drain, "spark_master": "local[2]",
                      "trigger_interval_s": args.trigger_s, "max_wait_s": settings["enrichment.max_wait"],
-                     "max_rows_per_batch": settings["job.max_rows_per_batch"]},
+                     "max_rows_per_batch": settings["job.max_rows_per_batch"],
+                     "shuffle_partitions": args.shuffle_partitions or "default (the cores: 2)"},
         "baseline": "plain pulsar-client reader, publish to receive, same topic at the same time; and the trigger interval",
         "target": {"rate": 5000, "p99_s": 2.0},
         "rates": results, "wall_s": round(time.perf_counter() - began, 1),

@@ -62,7 +62,7 @@ def figure_rows(results: dict) -> list[tuple[str, str, str, str]]:
     """(figure, value, baseline measured in the same run, ratio) for the combined table."""
     rows = []
     t = results.get("throughput", {})
-    if "job" in t:
+    if isinstance(t.get("job"), dict) and t.get("stateless_spark") and t.get("python_consumer"):
         rows.append(("throughput, job (orders/s)", _f(t["job"]["orders_per_s"], ",.0f"),
                      f"stateless Spark {_f(t['stateless_spark']['orders_per_s'], ',.0f')}", _f(t["job_vs_stateless"])))
         rows.append(("throughput, job (orders/s)", _f(t["job"]["orders_per_s"], ",.0f"),
@@ -131,22 +131,40 @@ def markdown(results: dict) -> str:
     m = results["machine"]
     lines = [f"Measured {results['date']} on {m['cpus']} × {m['cpu_model']}, {m['memory_gb']} GB, {m['os']}, "
              f"Python {m['python']} (load average at the start {m['load_average'][0]:.1f}); "
-             f"`make bench` took {results['total_s'] / 60:.0f} min.", "",
+             f"this run took {results['total_s'] / 60:.0f} min.", "",
              "| figure | value | baseline (same run) | ratio |", "| --- | --- | --- | --- |"]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in figure_rows(results)]
+    earlier = [f"{name} ({figures.get('date', 'undated')})" for name, figures in results.items()
+               if isinstance(figures, dict) and figures.get("from_earlier_run")]
+    if earlier:
+        lines += ["", "Not run this time, taken from their own results: " + ", ".join(earlier) + "."]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv and argv[0] == "--table":  # rebuild the Markdown table from an earlier latest.json
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--table", action="store_true", help="rebuild the Markdown table from latest.json")
+    parser.add_argument("--only", default="", help=f"comma-separated benchmarks to run ({', '.join(BENCHES)}); "
+                        "the others' figures are taken from their own JSON in bench/results/, with its date")
+    args = parser.parse_args(argv)
+    if args.table:  # rebuild the Markdown table from an earlier latest.json
         results = json.loads(LATEST.read_text())
         LATEST_MD.write_text(markdown(results))
         print(markdown(results))
         return 0
+    chosen = [name.strip() for name in args.only.split(",") if name.strip()] or list(BENCHES)
+    unknown = sorted(set(chosen) - set(BENCHES))
+    if unknown:
+        parser.error(f"unknown benchmark(s) {unknown}; expected some of {list(BENCHES)}")
     started = time.perf_counter()
     results: dict = {"date": now_utc(), "machine": machine()}
     for name, (module, arguments) in BENCHES.items():
-        results[name] = run_one(name, module, arguments)
+        if name in chosen:
+            results[name] = run_one(name, module, arguments)
+        elif (RESULTS_DIR / f"{name}.json").is_file():  # an earlier run's figures, marked as such
+            results[name] = {**json.loads((RESULTS_DIR / f"{name}.json").read_text()), "from_earlier_run": True}
     results["total_s"] = round(time.perf_counter() - started, 1)
     LATEST.parent.mkdir(parents=True, exist_ok=True)
     LATEST.write_text(json.dumps(results, indent=2, default=str) + "\n")

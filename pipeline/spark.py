@@ -42,6 +42,13 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
         .config("spark.jars", str(require_jar()))
         .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+        # One memory budget for every RocksDB instance in the JVM (block cache, memtables, index
+        # and filter blocks), so memory does not grow with the keys held (bench/bench_state.py).
+        .config("spark.sql.streaming.stateStore.rocksdb.boundedMemoryUsage", "true")
+        .config("spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB", "500")
+        # The driver collects each batch's rows for the sinks; with 1 GB (Spark's default) a
+        # 200k-order batch lost its task results from the block manager (TaskResultLost).
+        .config("spark.driver.memory", "2g")
         .config("spark.sql.streaming.stateStore.stateSchemaCheck", "true")
         # Keep enough batches around that a savepoint can always copy a committed version.
         .config("spark.sql.streaming.minBatchesToRetain", "20")
