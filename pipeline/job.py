@@ -165,6 +165,12 @@ def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event 
         stop = stop or threading.Event()
         batches_done = [0]
 
+        def record(kind: str, message: str, **details) -> None:
+            try:
+                metrics_store.event(kind, message, **details)
+            except OSError as exc:  # a full disk must not hide the error the job stops with
+                log.error("cannot record the %s event (%s): %s", kind, exc, message)
+
         def on_batch(batch_id: int) -> None:
             batches_done[0] += 1
             if max_batches and batches_done[0] >= max_batches:
@@ -194,12 +200,12 @@ def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event 
                 if writer.failure is not None:  # a committed batch could not be published
                     query.stop()
                     error = str(writer.failure)
-                    metrics_store.event("job_failed", f"job stopped: {error}", error=error)
+                    record("job_failed", f"job stopped: {error}", error=error)
                     raise SinkError(error) from None
                 if stop.is_set():
                     finish_batch_in_flight(query)
                     query.stop()
-                    metrics_store.event("job_stopped", f"job stopped after batch {last_committed_batch(store.checkpoint_dir(settings.data_dir))}")
+                    record("job_stopped", f"job stopped after batch {last_committed_batch(store.checkpoint_dir(settings.data_dir))}")
                     recover_sinks(writer, settings)
                     return
                 query.awaitTermination()  # re-raises the query's failure, if any
@@ -207,17 +213,21 @@ def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event 
             except StreamingQueryException as exc:
                 error = summarize_error(exc.getMessage() if hasattr(exc, "getMessage") else str(exc))
                 if any(marker in str(exc) for marker in NON_RETRYABLE):
-                    metrics_store.event("job_failed", f"job stopped: {error}", error=error)
+                    if "SinkError" not in str(exc):  # Spark's own write failed; its text names no path
+                        cause = next(marker for marker in NON_RETRYABLE if marker in str(exc))
+                        error = (f"{cause} while writing under {str(settings.data_dir)!r} (checkpoint, staging or "
+                                 "metrics); free space or fix the folder, then run the job again")
+                    record("job_failed", f"job stopped: {error}", error=error)
                     raise (SinkError if "SinkError" in str(exc) else JobFailed)(error) from None
                 attempt += 1
                 if attempt > attempts:
-                    metrics_store.event("job_failed", f"job failed after {attempts} restarts: {error}", error=error)
+                    record("job_failed", f"job failed after {attempts} restarts: {error}", error=error)
                     raise JobFailed(f"job failed after {attempts} restart attempts: {error}") from None
-                metrics_store.event("restart", f"restart {attempt}/{attempts} in {delay:g}s after: {error}",
+                record("restart", f"restart {attempt}/{attempts} in {delay:g}s after: {error}",
                                     attempt=attempt, max_attempts=attempts, error=error, delay_s=delay)
                 log.warning("query failed (%s); restart %d/%d in %gs", error, attempt, attempts, delay)
                 if stop.wait(delay):
-                    metrics_store.event("job_stopped", "job stopped while waiting to restart")
+                    record("job_stopped", "job stopped while waiting to restart")
                     return
     finally:
         if census is not None:

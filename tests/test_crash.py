@@ -249,6 +249,9 @@ def test_chaos_measured(tmp_path, unique_topics):
                           if line.startswith("error: ")]
                 notes.append(f"on a full disk the job exited {job.proc.returncode}: {errors[-1] if errors else 'no error line'}")
                 job.stop()
+                # one line that says what and where, whichever write hit the full disk first
+                assert job.proc.returncode == 2 and len(errors) == 1, errors
+                assert "No space left on device" in errors[0] and str(data_dir) in errors[0], errors[0]
             except subprocess.TimeoutExpired:
                 notes.append("on a full disk the job kept running for 180 s; killed")
                 kill(job, "on a full disk")
