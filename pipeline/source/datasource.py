@@ -29,8 +29,11 @@ Options:
 - ``maxEntriesPerBatch``: the same bound, named for what it counts.
 - ``startingOffsets``: ``earliest`` (default), or JSON like ``{"orders": "latest"}``.
 - ``controlDir``: folder of replay requests (``<seq>.json`` with ``topic`` and ``from``).
-- ``splitRows``: a partition's entries in one batch are read as Spark partitions of about this
-  many entries (default 10,000), so one busy topic partition still keeps every core parsing.
+- ``splitRows``: a partition's entries in one batch are read as Spark partitions of at most this
+  many entries (default 10,000).
+- ``readTasks``: a batch is cut into about this many read tasks (default: twice the driver
+  host's cores), so one busy topic partition still keeps every core reading and parsing; a
+  task never holds less than one entry.
 
 Guarantees: offsets are per-partition message ids with entry positions, so any micro-batch is
 re-read exactly (no gap, no repeat) after a crash; a replay switches a topic to a new
@@ -52,6 +55,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -126,6 +130,7 @@ class PulsarStreamReader(DataSourceStreamReader):
         self.topics = parse_topics_option(options.get("topics"))
         self.max_rows = _whole_number(options, "maxEntriesPerBatch") or _whole_number(options, "maxRowsPerBatch")
         self.split_rows = _whole_number(options, "splitRows") or SPLIT_ROWS
+        self.read_tasks = _whole_number(options, "readTasks") or 2 * (os.cpu_count() or 1)
         self.starting = parse_starting_offsets(options.get("startingOffsets"), list(self.topics))
         self.control_dir = Path(options["controlDir"]) if options.get("controlDir") else None
         self._latest: dict[tuple[str, str], tuple[int, int, str]] = {}  # (kind, p) -> (gen, n, id) newest seen
@@ -217,9 +222,12 @@ class PulsarStreamReader(DataSourceStreamReader):
         return offset
 
     def partitions(self, start: dict, end: dict):
+        ranges = off.ranges_between(start or {}, end)
+        # about read_tasks pieces in all, each range cut in proportion to its entries
+        chunk = min(self.split_rows, max(1, -(-sum(r.count for r in ranges) // self.read_tasks)))
         pieces = []
-        for rng in off.ranges_between(start or {}, end):
-            pieces.extend(off.split_range(rng, off.entry_id_at(rng), self.split_rows))
+        for rng in ranges:
+            pieces.extend(off.split_range(rng, off.entry_id_at(rng), chunk))
         return [PulsarPartition(r.topic, self.topics[r.topic], r) for r in pieces]
 
     def commit(self, end: dict) -> None:
