@@ -47,7 +47,8 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
         .config("spark.sql.streaming.stateStore.rocksdb.boundedMemoryUsage", "true")
         .config("spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB", "500")
         # The driver collects each batch's rows for the sinks; with 1 GB (Spark's default) a
-        # 200k-order batch lost its task results from the block manager (TaskResultLost).
+        # 600k-order batch (a backlog after a restart) lost its task results from the block
+        # manager (TaskResultLost) and the job restarted on it until its attempts ran out.
         .config("spark.driver.memory", "2g")
         .config("spark.sql.streaming.stateStore.stateSchemaCheck", "true")
         # Keep enough batches around that a savepoint can always copy a committed version.
