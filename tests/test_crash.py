@@ -127,7 +127,12 @@ def _fill(disk: Path) -> Path:
     return ballast
 
 
-@pytest.mark.timeout(2400)  # about ten job starts on a shared 2-core machine
+# Rounds of the random and publish-window kills, and of the cut savepoint takes and restores. One
+# round (five job starts) keeps `make test` short; CHAOS_ROUNDS=2 or more for the report.
+CHAOS_ROUNDS = max(1, int(os.environ.get("CHAOS_ROUNDS", "1")))
+
+
+@pytest.mark.timeout(2400)  # several job starts on a shared 2-core machine
 def test_chaos_measured(tmp_path, unique_topics):
     rng = random.Random(1313)
     tally: Counter = Counter()
@@ -179,7 +184,7 @@ def test_chaos_measured(tmp_path, unique_topics):
 
     try:
         # 1. kill -9 at random moments
-        for crash in range(2):
+        for crash in range(CHAOS_ROUNDS):
             feed()
             job = start(f"random{crash}")
             wait_batch(job, f"a batch before random crash {crash + 1}")
@@ -187,7 +192,7 @@ def test_chaos_measured(tmp_path, unique_topics):
             kill(job, f"at random moment {crash + 1}")
 
         # 2. kill -9 between a batch's commit and its publish (polled for; counted when it landed there)
-        for attempt in range(2):
+        for attempt in range(CHAOS_ROUNDS):
             feed(2 * FEED)
             job = start(f"publish{attempt}")
             wait_batch(job, "a batch before the publish-window crash")
@@ -202,7 +207,7 @@ def test_chaos_measured(tmp_path, unique_topics):
         feed()
         job = start("savepoints")
         wait_batch(job, "a batch before the savepoints")
-        for attempt in range(3):
+        for attempt in range(CHAOS_ROUNDS + 1):
             name = f"cut{attempt}"
             if _killed_at_step(lambda: control.take_savepoint(settings, name), rng.randint(1, 30)):
                 tally["savepoint take kill -9"] += 1
@@ -225,7 +230,7 @@ def test_chaos_measured(tmp_path, unique_topics):
         kill(job, "after the broker restart")
 
         # 5. restore the savepoint, kill -9 mid-restore at random steps: old or new checkpoint each time
-        for attempt in range(3):
+        for attempt in range(CHAOS_ROUNDS + 1):
             before = last_committed_batch(store.checkpoint_dir(data_dir))
             if _killed_at_step(lambda: control.restore_savepoint(settings, "chaos"), rng.randint(1, 80)):
                 tally["restore kill -9"] += 1

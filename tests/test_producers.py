@@ -219,7 +219,7 @@ class RefusingClient:
 def test_unacknowledged_sends_are_counted_and_fail_the_command(monkeypatch, settings_factory, sample, capsys):
     import pipeline.topics
 
-    monkeypatch.setattr(pipeline.topics, "make_client", lambda url: RefusingClient())
+    monkeypatch.setattr(pipeline.topics, "make_client", lambda url, **kwargs: RefusingClient())
     settings = settings_factory()
     with pytest.raises(BrokerError, match=re.escape(
             f"3 of 3 messages to {settings.topics['orders']!r} were not acknowledged (first error: Timeout)")):
