@@ -141,12 +141,13 @@ def stop_on_signals(stop: threading.Event) -> None:
 def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event | None = None) -> None:
     """Run the job until stopped (Ctrl-C / SIGTERM / ``stop``), ``max_batches`` are done, or it fails for good.
 
-    Holds the data dir's job lock (pipeline/control.py) from before the broker starts to the end,
+    Holds the data dir's job lock (pipeline/lock.py) from before the broker starts to the end,
     so a second job on the same data dir refuses at once, and a restore never runs under it.
     """
     from pyspark.errors import StreamingQueryException
 
-    from pipeline.control import acquire_job_lock, recover_restore
+    from pipeline.lock import acquire_job_lock
+    from pipeline.savepoints import recover_restore
     from pipeline.listener import JobListener
     from pipeline.spark import build_spark
     from pipeline.state import StateCensus

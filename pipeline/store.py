@@ -9,7 +9,7 @@
 <data_dir>/metrics/sink_files.jsonl    append-only manifest of published sink files (pipeline/sinks.py)
 <data_dir>/savepoints/<name>/          named copies of the checkpoint (savepoint.json inside)
 <data_dir>/control/replay/<seq>.json   replay requests the running job picks up
-<data_dir>/control/restore.json        journal of a savepoint restore under way (pipeline/control.py)
+<data_dir>/control/restore.json        journal of a savepoint restore under way (pipeline/savepoints.py)
 <data_dir>/job.lock                    flock held by the running job (or a restore); the OS drops it when the holder dies
 ```
 

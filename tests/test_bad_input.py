@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import cli, control, store
+from pipeline import cli, control, savepoints, store
 from pipeline.sinks import last_committed_batch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,7 +68,7 @@ def small_disk(tmp_path, monkeypatch):
         copied.append(dst)
         return shutil.copy2(src, dst, *args, **kwargs)
 
-    monkeypatch.setattr(control.shutil, "copy2", copy_then_fill)
+    monkeypatch.setattr(savepoints.shutil, "copy2", copy_then_fill)
     yield path
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from pipeline import cli, control, store
+from pipeline import cli, control, savepoints, store
 from pipeline.config import load_settings
 from pipeline.metrics import read_events
 from pipeline.sinks import SCHEMAS, SinkWriter, last_committed_batch
@@ -126,11 +126,11 @@ def restore_killed_at(data_dir: Path, name: str, step: int, exchange: bool) -> b
                     return real(*args, **kwargs)
                 return step_then
 
-            control.shutil.copy2 = counted(control.shutil.copy2)
-            control.shutil.rmtree = counted(control.shutil.rmtree)
-            control.os.rename = counted(control.os.rename)
-            control.os.replace = counted(control.os.replace)
-            control._exchange = counted(control._exchange if exchange else (lambda a, b: False))
+            savepoints.shutil.copy2 = counted(savepoints.shutil.copy2)
+            savepoints.shutil.rmtree = counted(savepoints.shutil.rmtree)
+            savepoints.os.rename = counted(savepoints.os.rename)
+            savepoints.os.replace = counted(savepoints.os.replace)
+            savepoints._exchange = counted(savepoints._exchange if exchange else (lambda a, b: False))
             Path.unlink = counted(Path.unlink)
             control.restore_savepoint(make_settings(data_dir), name)
             os._exit(0)
@@ -263,7 +263,7 @@ def test_restore_falls_back_to_the_namespace_retention(crashed_job, admin_api):
 
 
 def test_restore_without_an_admin_api_skips_the_check_with_a_log_line(crashed_job, caplog):
-    with caplog.at_level(logging.INFO, logger="pipeline.control"):
+    with caplog.at_level(logging.INFO, logger="pipeline.savepoints"):
         info = control.restore_savepoint(make_settings(crashed_job), "at3", now=TAKEN_MS + 10 ** 12)
     assert info.warnings == ()
     assert "no pulsar.admin_url: not comparing the age of savepoint 'at3' with the retention of " \
