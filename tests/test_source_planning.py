@@ -15,7 +15,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from pipeline.source import offsets as off
 from pipeline.source.datasource import PulsarPartition, PulsarStreamReader
-from pipeline.source.reader import arrow_schema
+from pipeline.source.reader import arrow_schema, batch_size
 from factories import keyed, order, publish
 
 
@@ -130,3 +130,17 @@ def test_a_read_range_yields_the_source_schema_exactly(broker, unique_topics):
     assert (row["kind"], row["topic"], row["partition"], row["generation"], row["key"]) == ("orders", topics["orders"], -1, 0, "1")
     assert json.loads(row["properties"]) == {"redrive-of": "1:2:-1:-1"}
     assert row["message_id"].endswith(":0:-1:0") and row["position"] == (1 << 20) | 1  # entry 1, batch index 0
+
+
+def test_a_batched_message_id_tells_its_entry_size(broker, unique_topics):
+    """How a range knows it has read the whole of its end entry (an empty queue proves nothing)."""
+    topics = unique_topics()
+    publish(broker.service_url, topics["orders"], keyed("orders", [order(n, 1, 1) for n in range(37)]))
+    client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        reader = client.create_reader(topics["orders"], pulsar.MessageId.earliest)
+        ids = [reader.read_next(10_000).message_id() for _ in range(37)]
+    finally:
+        client.close()
+    sizes = {(i.entry_id(), batch_size(i)) for i in ids}
+    assert sum(size for _, size in sizes) == 37 and all(size >= 1 for _, size in sizes)

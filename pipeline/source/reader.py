@@ -56,6 +56,41 @@ def id_text(message_id) -> str:
     return f"{message_id.ledger_id()}:{message_id.entry_id()}:{message_id.partition()}:{message_id.batch_index()}"
 
 
+def batch_size(message_id) -> int | None:
+    """How many messages the entry of a batched message id holds (None if the id does not say).
+
+    pulsar-client does not expose it, but its serialised id (the protocol's MessageIdData)
+    carries it as field 6, ``batch_size``.
+    """
+    data, i = message_id.serialize(), 0
+    try:
+        while i < len(data):
+            tag, i = _varint(data, i)
+            if tag & 7 == 0:
+                value, i = _varint(data, i)
+                if tag >> 3 == 6:
+                    return value or None
+            elif tag & 7 == 2:
+                length, i = _varint(data, i)
+                i += length
+            else:
+                return None
+    except IndexError:
+        return None
+    return None
+
+
+def _varint(data: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[i]
+        value |= (byte & 0x7F) << shift
+        i += 1
+        if not byte & 0x80:
+            return value, i
+        shift += 7
+
+
 def partition_topic(topic: str, partition: str) -> str:
     """The Pulsar topic name of a partition key ('-1' is a non-partitioned topic)."""
     return topic if partition == "-1" else f"{topic}-partition-{partition}"
@@ -108,7 +143,7 @@ def read_range(service_url: str, topic: str, kind: str, rng: Range, quiet_timeou
             columns.append(message, at, batch, (entry_n << ENTRY_SHIFT) | (batch + 1))
             if columns.rows >= ARROW_BATCH_ROWS:
                 yield columns.take()
-            if at == end:  # the exact end, or an unbatched end entry: nothing of the range is left
+            if at == end or stream.end_entry_read():  # nothing of the range is left
                 break
         if columns.rows:
             yield columns.take()
@@ -214,6 +249,7 @@ class _RangeStream:
         self.service_url, self.name, self.topic = service_url, name, topic
         self.start_id, self.last, self.end = start_id, through(start_id), end
         self.last_found = None  # the MessageId of the last message given (its text only when needed)
+        self.end_size = None  # messages in the end entry, once a message of it is seen
         self.quiet_timeout_s, self.stall_s = quiet_timeout_s, self.STALL_S
         self.client = self.reader = None
         self._open(start_id)
@@ -241,7 +277,8 @@ class _RangeStream:
             try:
                 message = self._read_next(wait_ms)
             except pulsar.Timeout:
-                if self.last[:2] >= self.end[:2] and not self._more_on_broker():
+                if self.end_entry_read() or (self.last[:2] >= self.end[:2] and self.end_size is None
+                                             and not self._more_on_broker()):
                     return None
                 now = time.monotonic()
                 if now - silent_since > self.quiet_timeout_s:
@@ -264,9 +301,20 @@ class _RangeStream:
             batch = found.batch_index()
             key = (found.ledger_id(), found.entry_id(), batch if batch >= 0 else WHOLE_ENTRY)
             self.delivered += 1
+            if batch >= 0 and self.end_size is None and key[:2] == self.end[:2]:
+                self.end_size = batch_size(found)
             if key > self.last:  # anything else was sent again: seen already
                 self.last, self.last_found = key, found
                 return message, key, batch
+
+    def end_entry_read(self) -> bool:
+        """Whether the last message given is the last one of the end entry.
+
+        Known from the entry's batch size, which each batched message id carries. (An empty
+        receiver queue is no proof: the client may still be unpacking the entry.)
+        """
+        return (self.last[:2] == self.end[:2] and self.end_size is not None
+                and self.last[2] >= self.end_size - 1)
 
     @property
     def last_id(self) -> str:
