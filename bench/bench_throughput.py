@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
-from bench.common import guard, table_records  # noqa: E402
+from bench.common import guard, table_records  # noqa: E402  (also puts tests/ on sys.path)
 from pipeline import wire  # noqa: E402
 from pipeline.broker import EmbeddedBroker  # noqa: E402
 from pipeline.config import load_settings  # noqa: E402
@@ -93,6 +93,9 @@ def python_baseline(url: str, topics: dict, orders: int) -> dict:
             "enriched": enriched, "missing": missing}
 
 
+PHASES = ("latestOffset", "getBatch", "queryPlanning", "addBatch", "walCommit", "commitOffsets", "triggerExecution")
+
+
 def sustained(progress: list[dict]) -> dict:
     """Order rows over summed batch durations, warm-up batch excluded."""
     carrying = [p for p in progress if any(t["topic"] == "orders" and t["rows"] for t in p["topics"])]
@@ -103,38 +106,72 @@ def sustained(progress: list[dict]) -> dict:
             "mean_batch_rows": rows / len(steady) if steady else 0}
 
 
-def stateless_baseline(spark, url: str, topics: dict, work: Path, orders: int, max_rows: int) -> dict:
-    from pipeline.enrich.parse import parser
-    from pipeline.enrich.chunks import USER_CHUNKS, unchunk_batches
+def phase_means(progress: list[dict]) -> dict:
+    """Mean milliseconds per batch of each phase Spark reports (``durationMs``), warm-up excluded."""
+    steady = [p for p in progress if p.get("numInputRows")][1:]
+    return {phase: round(sum(p["durationMs"].get(phase, 0) for p in steady) / len(steady), 1)
+            for phase in PHASES} if steady else {}
+
+
+def entries_of(url: str, topic: str) -> int:
+    """How many broker entries a (non-partitioned, single-ledger pulsar-lite) topic holds."""
+    from pipeline.source.probes import last_entry_id
+
+    last = last_entry_id(url, topic, "-1")
+    return int(last.split(":")[1]) + 1 if last else 0
+
+
+def stateless_baseline(spark, url: str, topics: dict, work: Path, orders: int, max_rows: int,
+                       timeout_s: float = 1800) -> dict:
+    """Our source and parse step alone: ``source -> mapInArrow(parse_batches) -> no-op foreachBatch``.
+
+    The foreachBatch runs the batch through Spark's ``noop`` writer: every row is read and
+    parsed on the executors, nothing is collected or written. The source caps a batch by broker
+    entries (its driver never reads a message); the cap is set from the topic's mean entry size
+    so that a batch holds about ``max_rows`` rows, as before.
+    """
+    entries = entries_of(url, topics["orders"])
+    max_entries = max(1, round(max_rows * entries / orders)) if entries else max_rows
+    from pipeline.enrich.parse import parse_batches
     from pipeline.enrich.rules import ENVELOPE_SPARK_SCHEMA
     from pipeline.source.datasource import PulsarDataSource
 
     spark.dataSource.register(PulsarDataSource)
-    seen = [0]
 
-    def collect(df, batch_id):
-        seen[0] += df.toArrow().num_rows
+    def discard(df, batch_id):
+        df.write.format("noop").mode("overwrite").save()
 
     source = (spark.readStream.format("pulsar").option("service_url", url)
-              .option("topics", f"orders={topics['orders']}").option("maxRowsPerBatch", max_rows).load())
-    envelopes = source.mapInArrow(parser(64), USER_CHUNKS).mapInArrow(unchunk_batches, ENVELOPE_SPARK_SCHEMA)
-    query = (envelopes.writeStream.foreachBatch(collect)
+              .option("topics", f"orders={topics['orders']}").option("maxRowsPerBatch", max_rows)
+              .option("maxEntriesPerBatch", max_entries).load())
+    envelopes = source.mapInArrow(parse_batches, ENVELOPE_SPARK_SCHEMA)
+    query = (envelopes.writeStream.foreachBatch(discard)
              .option("checkpointLocation", str(work / "stateless-ck")).trigger(processingTime="1 second").start())
-    while seen[0] < orders:
-        if query.exception():
-            raise RuntimeError(str(query.exception()))
-        time.sleep(0.5)
-    progress = query.recentProgress
-    query.stop()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while sum(p["numInputRows"] for p in query.recentProgress) < orders:
+            if query.exception():
+                raise RuntimeError(str(query.exception()))
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the stateless query read fewer than {orders} rows in {timeout_s:.0f}s")
+            time.sleep(0.5)
+        progress = query.recentProgress
+    finally:
+        query.stop()
     rows = [{"topics": [{"topic": "orders", "rows": p["numInputRows"]}], "batch_duration_ms": p["batchDuration"]}
             for p in progress if p["numInputRows"]]
-    return sustained(rows)
+    figures = sustained(rows)
+    figures["entries"], figures["max_entries_per_batch"] = entries, max_entries
+    figures["phases_ms"] = phase_means(progress)
+    sample = [p for p in progress if p["numInputRows"]][-1]  # one batch's whole progress, to read by eye
+    figures["sample_progress"] = json.loads(sample.json) if hasattr(sample, "json") else dict(sample)
+    figures["batch_ms"] = round(sum(p["batchDuration"] for p in progress if p["numInputRows"]) /
+                                max(1, len([p for p in progress if p["numInputRows"]])), 1)
+    return figures
 
 
-def job_run(settings, orders: int) -> dict:
+def job_run(settings, orders: int, timeout_s: float = 3600) -> dict:
     from pipeline.job import run_forever
-
-    sys.path.insert(0, str(ROOT / "tests"))
     from sinkread import orders_done
 
     stop = threading.Event()
@@ -142,16 +179,48 @@ def job_run(settings, orders: int) -> dict:
     thread = threading.Thread(target=lambda: guard(run_forever, errors, settings, stop=stop), daemon=True)
     started = time.perf_counter()
     thread.start()
-    while orders_done(settings.data_dir) < orders:
-        if errors:
-            raise errors[0]
-        time.sleep(1)
-    wall = time.perf_counter() - started
-    stop.set()
-    thread.join(timeout=120)
-    figures = sustained(read_rows(settings.data_dir, "progress"))
+    try:
+        while orders_done(settings.data_dir) < orders:
+            if errors:
+                raise errors[0]
+            if time.perf_counter() - started > timeout_s:
+                raise RuntimeError(f"the job committed fewer than {orders} orders in {timeout_s:.0f}s")
+            time.sleep(1)
+    finally:
+        wall = time.perf_counter() - started
+        stop.set()
+        thread.join(timeout=120)
+    progress = read_rows(settings.data_dir, "progress")
+    figures = sustained(progress)
+    figures["phases_ms"] = phase_means([{"numInputRows": p["num_input_rows"], "durationMs": p["duration_ms"]}
+                                        for p in progress])
     figures["wall_s_including_start_up"] = wall
     return figures
+
+
+def capture_stderr(path: Path) -> int:
+    """Send this process's stderr (and the JVM's and its Python workers', started after this) to a
+    file; returns a copy of the old stderr for :func:`restore_stderr`.
+
+    Stalls are logged there by the range readers on the executors; the benchmark counts them.
+    """
+    saved = os.dup(2)
+    handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(handle, 2)
+    os.close(handle)
+    return saved
+
+
+def restore_stderr(saved: int) -> None:
+    os.dup2(saved, 2)
+    os.close(saved)
+
+
+def count_lines(path: Path, needle: str) -> int:
+    try:
+        return sum(needle in line for line in path.read_text(errors="replace").splitlines())
+    except OSError:
+        return 0
 
 
 def main(argv=None) -> dict:
@@ -160,44 +229,73 @@ def main(argv=None) -> dict:
     parser.add_argument("--items", type=int, default=2_000)
     parser.add_argument("--orders", type=int, default=200_000)
     parser.add_argument("--max-rows", type=int, default=50_000)
+    parser.add_argument("--skip", action="append", choices=["python", "stateless", "job"], default=[],
+                        help="leave a measurement out (repeatable)")
+    parser.add_argument("--log", type=Path, help="where Spark's and the readers' stderr go (default: a temp file)")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bench-throughput-"))
+    log_path = args.log or work.parent / f"{work.name}.log"
     tables = generate(args.users, args.items, args.orders, seed=7)
     topics = {kind: f"persistent://public/default/bench-{kind}" for kind in ("users", "items", "orders")}
+    load_before = os.getloadavg()
+    python = stateless = job = None
+    saved_stderr = None
     try:
         with EmbeddedBroker(work / "data") as broker:
             counts = load_topics(broker.service_url, topics, tables)
-            print("python baseline…", flush=True)
-            python = python_baseline(broker.service_url, topics, counts["orders"])
+            if "python" not in args.skip:
+                print("python baseline…", flush=True)
+                python = python_baseline(broker.service_url, topics, counts["orders"])
+                print(f"  {python['orders_per_s']:,.0f} orders/s", flush=True)
             settings = load_settings(env={}, cli={
                 "pulsar.service_url": broker.service_url, "paths.data_dir": str(work / "data"),
                 "spark.master": "local[2]", "enrichment.max_wait": "0s", "job.max_rows_per_batch": args.max_rows,
                 **{f"topics.{k}": v for k, v in topics.items()}})
             from pipeline.spark import build_spark
 
+            print(f"Spark's stderr goes to {log_path}", flush=True)
+            saved_stderr = capture_stderr(log_path)
             spark = build_spark(settings)
-            print("stateless Spark baseline…", flush=True)
-            stateless = stateless_baseline(spark, broker.service_url, topics, work, counts["orders"], args.max_rows)
-            print("the job…", flush=True)
-            job = job_run(settings, counts["orders"])
+            if "stateless" not in args.skip:
+                print("stateless Spark baseline…", flush=True)
+                stalls_before = count_lines(log_path, "stalled")
+                stateless = stateless_baseline(spark, broker.service_url, topics, work, counts["orders"], args.max_rows)
+                stateless["reader_stalls"] = count_lines(log_path, "stalled") - stalls_before
+                print(f"  {stateless['orders_per_s']:,.0f} rows/s", flush=True)
+            if "job" not in args.skip:
+                print("the job…", flush=True)
+                stalls_before = count_lines(log_path, "stalled")
+                job = job_run(settings, counts["orders"])
+                job["reader_stalls"] = count_lines(log_path, "stalled") - stalls_before
     finally:
+        if saved_stderr is not None:
+            restore_stderr(saved_stderr)
         shutil.rmtree(work, ignore_errors=True)
+
+    def ratio(a, b):
+        return a["orders_per_s"] / b["orders_per_s"] if a and b and b["orders_per_s"] else None
+
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_average": os.getloadavg()},
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "load_average_before": load_before, "load_average_after": os.getloadavg()},
         "workload": {"users": counts["users"], "items": counts["items"], "orders": counts["orders"],
                      "max_rows_per_batch": args.max_rows},
         "python_consumer": python, "stateless_spark": stateless, "job": job,
-        "job_vs_stateless": job["orders_per_s"] / stateless["orders_per_s"] if stateless["orders_per_s"] else None,
-        "job_vs_python": job["orders_per_s"] / python["orders_per_s"] if python["orders_per_s"] else None,
+        "stateless_vs_python": ratio(stateless, python),
+        "job_vs_stateless": ratio(job, stateless), "job_vs_python": ratio(job, python),
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2))
     print(f"\n{'figure':<34}{'orders/s':>12}")
     for name, figures in (("job (end to end, sustained)", job), ("stateless Spark ceiling", stateless),
                           ("plain Python consumer", python)):
-        print(f"{name:<34}{figures['orders_per_s']:>12,.0f}")
-    print(f"job / stateless = {result['job_vs_stateless']:.2f}, job / python = {result['job_vs_python']:.3f}")
+        if figures:
+            print(f"{name:<34}{figures['orders_per_s']:>12,.0f}")
+    for name in ("stateless_vs_python", "job_vs_stateless", "job_vs_python"):
+        if result[name] is not None:
+            print(f"{name} = {result[name]:.2f}")
+    print(f"load average before {load_before}, after {result['machine']['load_average_after']}")
     return result
 
 
