@@ -308,16 +308,51 @@ def print_table(result: dict) -> None:
               f"{step.get('orders_per_s_vs_first') or 0:>7.2f}{step['enrich']['restart_to_first_batch_s']:>10.1f}"
               f"{step['enrich']['load_average'][0]:>9.1f}")
     targets = result["targets"]
+    if not targets["largest_step_measured"]:
+        print(f"targets (RSS <= {RSS_TARGET_MB:,} MB and orders/s >= {THROUGHPUT_TARGET} x the smallest step, "
+              f"at {result['workload']['users'][-1]:,} users): not measured")
+        return
     print(f"RSS at most {RSS_TARGET_MB:,} MB at the largest step: {'met' if targets['rss_met'] else 'NOT met'}; "
           f"orders/s at the largest step >= {THROUGHPUT_TARGET} x the smallest: "
           f"{'met' if targets['throughput_met'] else 'NOT met'}")
+
+
+def project_step_s(results: list[dict], published: int, target: int) -> float | None:
+    """Seconds the next step should take at the last measured step's rates (None before any)."""
+    last = next((step for step in reversed(results) if "skipped" not in step), None)
+    if last is None or not last["load"].get("rows_per_s"):
+        return None
+    return ((target - published) / last["load"]["rows_per_s"] + last["publish_orders_s"]
+            + last["enrich"]["restart_to_first_batch_s"] + (last["enrich"].get("seconds") or 0) + 30)
+
+
+def build_result(args, steps, tables, settings, idle, results, load_at_start, began, complete: bool) -> dict:
+    most = steps[-1]
+    measured = [s for s in results if "skipped" not in s]
+    largest = measured[-1] if measured and measured[-1]["users"] == most else None
+    return {
+        "date": now_utc(), "machine": {**machine(), "load_average_at_start": load_at_start},
+        "complete": complete, "spark_state_store": spark_state_store_conf(),
+        "workload": {"users": steps, "items": tables["items"].rows, "orders_per_step": args.orders,
+                     "spark_master": "local[2]", "max_rows_per_batch": settings["job.max_rows_per_batch"],
+                     "trigger_interval_s": settings["job.trigger_interval"], "budget_min": args.budget_min},
+        "baseline": "RSS of the same job idle with empty user state; orders/s at the smallest step; raw JSON of the users",
+        "idle_job": idle, "steps": results,
+        "targets": {"rss_mb": RSS_TARGET_MB, "throughput_ratio": THROUGHPUT_TARGET,
+                    "largest_step_measured": largest is not None,
+                    "rss_met": bool(largest and largest["memory_peak_mb"] <= RSS_TARGET_MB),
+                    "throughput_met": bool(largest and (largest["orders_per_s_vs_first"] or 0) >= THROUGHPUT_TARGET)},
+        "wall_s": round(time.perf_counter() - began, 1),
+    }
 
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--users", default="1000000,5000000,10000000", help="comma-separated user counts, ascending")
     parser.add_argument("--items", type=int, default=10_000)
-    parser.add_argument("--orders", type=int, default=1_000_000, help="orders enriched at each step")
+    parser.add_argument("--orders", type=int, default=600_000, help="orders enriched at each step")
+    parser.add_argument("--budget-min", type=float, default=25.0,
+                        help="wall-time budget: a step projected to end past it is not started")
     args = parser.parse_args(argv)
     steps = sorted(int(n) for n in args.users.split(","))
     most = steps[-1]
@@ -359,6 +394,14 @@ def main(argv=None) -> dict:
             if available_memory_mb() < MEMORY_FLOOR_MB * 2:
                 results.append({"users": target, "skipped": f"{available_memory_mb():,.0f} MB available before the step"})
                 break
+            projected = project_step_s(results, published, target)
+            elapsed = time.perf_counter() - began
+            if projected is not None and elapsed + projected > args.budget_min * 60:
+                results.append({"users": target, "skipped": f"projected {projected / 60:.0f} min at the last step's rates "
+                                f"(load {load_average()[0]}), past the {args.budget_min:g}-minute budget "
+                                f"after {elapsed / 60:.0f} min"})
+                print(f"  {results[-1]['skipped']}", flush=True)
+                break
             lines = slice(index * args.orders, (index + 1) * args.orders)
             orders = orders_against(Table("orders", {k: v[lines] for k, v in tables["orders"].columns.items()}),
                                     users.columns["id"][:target], item_ids, seed=100 + index)
@@ -367,6 +410,10 @@ def main(argv=None) -> dict:
             except MemoryExhausted as exc:
                 print(f"  {exc}", flush=True)
                 results.append({"users": target, "skipped": str(exc)})
+                break
+            except KeyboardInterrupt:  # stopped by hand: the steps measured so far still count
+                results.append({"users": target, "skipped": f"stopped by hand after {(time.perf_counter() - began) / 60:.0f} min"})
+                print(f"  {results[-1]['skipped']}", flush=True)
                 break
             step["raw_json_bytes"] = json_bytes_estimate(users, target)
             step["broker_bytes"] = directory_bytes(broker.broker_dir)
@@ -377,25 +424,13 @@ def main(argv=None) -> dict:
             step["users_per_s_vs_first"] = ratio(step["load"]["rows_per_s"], first["load"]["rows_per_s"])
             results.append(step)
             published = target
+            write_result(NAME, build_result(args, steps, tables, settings, idle, results, load_at_start, began,
+                                            complete=False))
             print(f"  {target:,} users: RSS {step['memory_loaded']['total_mb']:,.0f} MB loaded, "
                   f"{step['memory_enriched']['total_mb']:,.0f} MB enriched (peak {step['memory_peak_mb']:,.0f}); "
                   f"{step['load']['rows_per_s'] or 0:,} users/s, {step['enrich']['rows_per_s'] or 0:,} orders/s; "
                   f"load {step['enrich']['load_average']}", flush=True)
-    measured = [s for s in results if "skipped" not in s]
-    largest = measured[-1] if measured and measured[-1]["users"] == most else None
-    result = {
-        "date": now_utc(), "machine": {**machine(), "load_average_at_start": load_at_start},
-        "spark_state_store": spark_state_store_conf(),
-        "workload": {"users": steps, "items": tables["items"].rows, "orders_per_step": args.orders,
-                     "spark_master": "local[2]", "max_rows_per_batch": settings["job.max_rows_per_batch"],
-                     "trigger_interval_s": settings["job.trigger_interval"]},
-        "baseline": "RSS of the same job idle with empty user state; orders/s at the smallest step; raw JSON of the users",
-        "idle_job": idle, "steps": results,
-        "targets": {"rss_mb": RSS_TARGET_MB, "throughput_ratio": THROUGHPUT_TARGET,
-                    "rss_met": bool(largest and largest["memory_peak_mb"] <= RSS_TARGET_MB),
-                    "throughput_met": bool(largest and (largest["orders_per_s_vs_first"] or 0) >= THROUGHPUT_TARGET)},
-        "wall_s": round(time.perf_counter() - began, 1),
-    }
+    result = build_result(args, steps, tables, settings, idle, results, load_at_start, began, complete=True)
     write_result(NAME, result)
     print_table(result)
     return result
