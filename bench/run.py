@@ -131,9 +131,11 @@ def figure_rows(results: dict) -> list[tuple[str, str, str, str]]:
 
 def markdown(results: dict) -> str:
     m = results["machine"]
-    lines = [f"Measured {results['date']} on {m['cpus']} × {m['cpu_model']}, {m['memory_gb']} GB, {m['os']}, "
-             f"Python {m['python']} (load average at the start {m['load_average'][0]:.1f}); "
-             f"this run took {results['total_s'] / 60:.0f} min.", "",
+    ran = [name for name in BENCHES if isinstance(results.get(name), dict) and not results[name].get("from_earlier_run")]
+    verb = "Measured" if ran else "Collected from each benchmark's own run (dates below)"
+    lines = [f"{verb} {results['date']} on {m['cpus']} × {m['cpu_model']}, {m['memory_gb']} GB, {m['os']}, "
+             f"Python {m['python']} (load average then {m['load_average'][0]:.1f}; each figure carries its own)"
+             + (f"; this run took {results['total_s'] / 60:.0f} min." if ran else "."), "",
              "| figure | value | baseline (same run) | ratio |", "| --- | --- | --- | --- |"]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in figure_rows(results)]
     earlier = [f"{name} ({figures.get('date', 'undated')})" for name, figures in results.items()
@@ -148,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--table", action="store_true", help="rebuild the Markdown table from latest.json")
+    parser.add_argument("--collect", action="store_true",
+                        help="run nothing: build latest.json and the table from every benchmark's own JSON")
     parser.add_argument("--only", default="", help=f"comma-separated benchmarks to run ({', '.join(BENCHES)}); "
                         "the others' figures are taken from their own JSON in bench/results/, with its date")
     args = parser.parse_args(argv)
@@ -157,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown(results))
         return 0
     chosen = [name.strip() for name in args.only.split(",") if name.strip()] or list(BENCHES)
+    if args.collect:
+        chosen = []
     unknown = sorted(set(chosen) - set(BENCHES))
     if unknown:
         parser.error(f"unknown benchmark(s) {unknown}; expected some of {list(BENCHES)}")

@@ -1,7 +1,5 @@
 """Source offsets: ranges, fair row caps, replay generations (pure)."""
 
-import re
-
 import pytest
 
 from pipeline.source import offsets as off
@@ -73,41 +71,3 @@ def test_split_range_keeps_the_range_whole_without_ids():
     rng = off.Range("orders", "-1", 0, "earliest", 0, "0:25:-1:-1", 25)
     assert off.split_range(rng, lambda n: None, 10) == [rng]
     assert off.split_range(rng, lambda n: "x", 100) == [rng]
-
-
-def test_through_reads_an_entry_end_as_its_whole_entry():
-    assert off.through("0:5:-1:-1") > off.through("0:5:-1:999") > off.through("0:5:-1:0") > off.through("0:4:-1:-1")
-    assert off.through(off.EARLIEST) < off.through("0:0:-1:0")
-
-
-@pytest.mark.parametrize("start,last,expected", [
-    (off.EARLIEST, None, (0, 0, 0)),                # an empty partition
-    (off.EARLIEST, "0:4:-1:-1", (0, 0, 5)),          # entries 0..4
-    ("0:4:-1:-1", "0:4:-1:-1", (0, 5, 0)),           # caught up
-    ("0:2:-1:-1", "0:9:-1:-1", (0, 3, 7)),           # entries 3..9
-    ("0:2:-1:17", "0:9:-1:-1", (0, 2, 8)),           # the rest of entry 2, then 3..9
-    ("3:40:-1:-1", "5:1:-1:-1", (5, 0, 2)),          # a newer ledger: the rest of ledger 3 rides with entry 5:0
-])
-def test_plan_entries_counts_whole_entries_from_ids_alone(start, last, expected):
-    assert off.plan_entries(start, last) == expected
-
-
-def test_plan_entries_refuses_a_start_past_the_newest_entry():
-    with pytest.raises(ValueError, match=re.escape("start '0:9:-1:-1' is past the newest entry '0:4:-1:-1'")):
-        off.plan_entries("0:9:-1:-1", "0:4:-1:-1")
-
-
-def test_entry_ids_split_a_range_at_entry_boundaries():
-    rng = off.Range("orders", "2", 0, "7:9:2:-1", 100, "7:39:2:-1", 130)
-    pieces = off.split_range(rng, off.entry_id_at(rng), 10)
-    assert [(p.start_id, p.end_id) for p in pieces] == [
-        ("7:9:2:-1", "7:19:2:-1"), ("7:19:2:-1", "7:29:2:-1"), ("7:29:2:-1", "7:39:2:-1")]
-    old = off.Range("orders", "-1", 0, "0:0:-1:-1", 0, "0:9:-1:123", 5000)  # an older checkpoint's message end
-    assert off.split_range(old, off.entry_id_at(old), 10) == [old]
-
-
-def test_replay_is_not_finished_inside_its_target_entry():
-    topic = {"gen": 1, "target": {"-1": "0:50:-1:-1"}, "parts": {"-1": {"n": 10, "id": "0:50:-1:7"}}}
-    assert not off.replay_finished(topic)
-    topic["parts"]["-1"]["id"] = "0:50:-1:-1"
-    assert off.replay_finished(topic)

@@ -8,7 +8,7 @@ Schema (one row per message)::
     topic string         full Pulsar topic name
     partition int        partition index, -1 for a non-partitioned topic
     message_id string    ledger:entry:partition:batch
-    position long        orders the messages of a partition and generation (entry position << 20 | batch index + 1)
+    position long        1-based position of the message in its partition and generation
     generation long      replay generation of its topic (0 until the first replay)
     key string           message key (None if the producer gave none)
     value binary         raw payload
@@ -19,28 +19,16 @@ Options:
 
 - ``service_url`` (required): ``pulsar://host:6650``.
 - ``topics`` (required): ``users=persistent://public/default/users,orders=…``.
-- ``maxRowsPerBatch``: most broker *entries* in one micro-batch, shared fairly among partitions
-  (``maxEntriesPerBatch`` overrides it). The driver plans without reading messages, so it
-  knows entries, not messages: a batch holds at most this many entries, which is this many
-  rows when producers do not batch, and up to this many times the producers' batch size (our
-  producers: 1,000 messages an entry) when they do. A partition whose newest entry is in a
-  later ledger than its position (Apache Pulsar rolls ledgers) also reads the rest of the older
-  ledger, uncounted, in the batch that crosses it.
-- ``maxEntriesPerBatch``: the same bound, named for what it counts.
+- ``maxRowsPerBatch``: most rows in one micro-batch, shared fairly among partitions.
 - ``startingOffsets``: ``earliest`` (default), or JSON like ``{"orders": "latest"}``.
 - ``controlDir``: folder of replay requests (``<seq>.json`` with ``topic`` and ``from``).
-- ``splitRows``: a partition's entries in one batch are read as Spark partitions of at most this
-  many entries (default 10,000).
-- ``readTasks``: a batch is cut into about this many read tasks (default: twice the driver
-  host's cores), so one busy topic partition still keeps every core reading and parsing; a
-  task never holds less than one entry.
+- ``lookAheadRows``: how many message ids the driver keeps ahead per partition (default 4×max).
+- ``splitRows``: a partition's rows in one batch are read as Spark partitions of about this
+  many rows (default 10,000), so one busy topic partition still keeps every core parsing.
 
-Guarantees: offsets are per-partition message ids with entry positions, so any micro-batch is
+Guarantees: offsets are per-partition message ids with positions, so any micro-batch is
 re-read exactly (no gap, no repeat) after a crash; a replay switches a topic to a new
-generation inside the offset itself, so it is deterministic across crashes too. Planning a
-batch costs one ``get_last_message_id`` per partition on the driver; it never reads a message
-(a replay from a time scans once for its base). The latest offset reported (the backlog) is
-exact, in entries.
+generation inside the offset itself, so it is deterministic across crashes too.
 
 Example::
 
@@ -55,7 +43,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -64,12 +51,12 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 
 from pipeline.errors import SourceError
 from pipeline.source import offsets as off
-from pipeline.source import probes
 from pipeline.source import reader as rd
 
 log = logging.getLogger(__name__)
 PARTITION_REFRESH_S = 10.0
-SPLIT_ROWS = 10_000  # a partition's entries in one batch are read (and parsed) in pieces of about this
+LOOK_AHEAD_EXTRA_S = 0.25
+SPLIT_ROWS = 10_000  # a partition's rows in one batch are read (and parsed) in pieces of about this
 
 
 def parse_topics_option(text: str | None) -> dict[str, str]:
@@ -106,95 +93,108 @@ class PulsarPartition(InputPartition):
         self.kind, self.topic, self.rng = kind, topic, rng
 
 
-def _whole_number(options: dict, name: str) -> int | None:
-    """A positive whole-number option (None when absent, empty or 0)."""
-    raw = options.get(name)
-    if raw in (None, "", "0"):
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise SourceError(f"option {name!r} = {raw!r} is not a whole number") from None
-    if value < 1:
-        raise SourceError(f"option {name!r} = {raw!r} must be >= 1")
-    return value
-
-
 class PulsarStreamReader(DataSourceStreamReader):
-    """Plans batches on the driver (newest entry ids, no reading) and reads them on executors (read_range)."""
+    """Plans batches on the driver (look-ahead cursors) and reads them on executors (read_range)."""
 
     def __init__(self, options: dict):
         self.service_url = options.get("service_url") or ""
         if not self.service_url.startswith(("pulsar://", "pulsar+ssl://")):
             raise SourceError(f"option 'service_url' = {self.service_url!r} must be a pulsar:// URL")
         self.topics = parse_topics_option(options.get("topics"))
-        self.max_rows = _whole_number(options, "maxEntriesPerBatch") or _whole_number(options, "maxRowsPerBatch")
-        self.split_rows = _whole_number(options, "splitRows") or SPLIT_ROWS
-        self.read_tasks = _whole_number(options, "readTasks") or 2 * (os.cpu_count() or 1)
+        raw_max = options.get("maxRowsPerBatch")
+        try:
+            self.max_rows = int(raw_max) if raw_max not in (None, "", "0") else None
+        except ValueError:
+            raise SourceError(f"option 'maxRowsPerBatch' = {raw_max!r} is not a whole number") from None
+        if self.max_rows is not None and self.max_rows < 1:
+            raise SourceError(f"option 'maxRowsPerBatch' = {raw_max!r} must be >= 1")
+        self.look_ahead = int(options.get("lookAheadRows") or 4 * (self.max_rows or 50_000))
+        self.split_rows = int(options.get("splitRows") or SPLIT_ROWS)
         self.starting = parse_starting_offsets(options.get("startingOffsets"), list(self.topics))
         self.control_dir = Path(options["controlDir"]) if options.get("controlDir") else None
-        self._latest: dict[tuple[str, str], tuple[int, int, str]] = {}  # (kind, p) -> (gen, n, id) newest seen
+        self._cursors: dict[tuple[str, str], tuple[int, rd.PartitionCursor]] = {}
         self._partitions: dict[str, list[str]] = {}
         self._partitions_at = 0.0
+
+    # The reader is pickled to the executors for read(); cursors hold live C++ readers.
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_cursors"] = {}
+        return state
 
     # ------------------------------------------------------------------ driver side
     def _topic_partitions(self) -> dict[str, list[str]]:
         if not self._partitions or time.monotonic() - self._partitions_at > PARTITION_REFRESH_S:
-            self._partitions = {kind: probes.list_partitions(self.service_url, topic) for kind, topic in self.topics.items()}
+            self._partitions = {kind: rd.list_partitions(self.service_url, topic) for kind, topic in self.topics.items()}
             self._partitions_at = time.monotonic()
         return self._partitions
 
     def initialOffset(self) -> dict:
         parts = self._topic_partitions()
-        offset = off.initial_offset(parts)
+        bases = {}
         for kind, how in self.starting.items():
-            if how == "latest":  # after the newest entry of each partition, per partition
-                ids = {p: probes.last_entry_id(self.service_url, self.topics[kind], p) or off.EARLIEST for p in parts[kind]}
-                offset[kind]["base"] = dict(ids)
-                offset[kind]["parts"] = {p: {"n": 0, "id": i} for p, i in ids.items()}
+            if how == "latest":
+                # One base for a non-partitioned topic; partitioned topics resolve per partition below.
+                ids = {p: rd.last_message_id(self.service_url, self.topics[kind], p) or off.EARLIEST for p in parts[kind]}
+                bases[kind] = ids
+        offset = off.initial_offset(parts)
+        for kind, ids in bases.items():
+            offset[kind]["base"] = dict(ids)
+            offset[kind]["parts"] = {p: {"n": 0, "id": i} for p, i in ids.items()}
         return offset
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.max_rows) if self.max_rows else ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        """The end of the next batch: each partition's newest entry, capped at ``limit`` entries
-        shared fairly. One ``get_last_message_id`` per partition; no message is read."""
         offset = off.with_partitions(start, self._topic_partitions())
         offset = self._apply_replay_requests(offset)
-        available: dict[str, int] = {}
-        plans: dict[str, tuple[int, int]] = {}
-        for kind, topic_offset in offset.items():
-            if start.get(kind, {}).get("gen", topic_offset["gen"]) != topic_offset["gen"]:
-                log.info("replay of %s generation %s starts at %s", kind, topic_offset["gen"], topic_offset["base"])
-            for p, part in topic_offset["parts"].items():
-                last = probes.last_entry_id(self.service_url, self.topics[kind], p)
-                try:
-                    ledger, first, count = off.plan_entries(part["id"], last)
-                except ValueError as exc:
-                    raise SourceError(f"{kind} ({self.topics[kind]!r}) partition {p}: {exc}") from None
-                plans[f"{kind}\x00{p}"], available[f"{kind}\x00{p}"] = (ledger, first), count
-                self._latest[(kind, p)] = (topic_offset["gen"], part["n"] + count, last if count else part["id"])
+        available: dict[tuple[str, str], int] = {}
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        for kind, topic_offset in offset.items():
+            new_gen = start.get(kind, {}).get("gen") != topic_offset["gen"]
+            for p, part in topic_offset["parts"].items():
+                cursor = self._cursor(kind, topic_offset["gen"], p, part["id"], part["n"])
+                # Knowing max_rows ahead is enough to plan the batch; a short extra read grows
+                # the backlog seen (a lower bound) without holding each batch back for long.
+                if max_rows:
+                    cursor.poll(until_n=part["n"] + max_rows)
+                cursor.poll(budget_s=LOOK_AHEAD_EXTRA_S if max_rows else 1.0)
+                available[(kind, p)] = cursor.known_n - part["n"]
+                if new_gen:
+                    log.info("replay of %s generation %s starts at %s", kind, topic_offset["gen"], part["id"])
+        grants = off.allocate({f"{k}\x00{p}": n for (k, p), n in available.items()}, max_rows)
         end = json.loads(json.dumps(offset))
-        for key, grant in off.allocate(available, max_rows).items():
+        for key, grant in grants.items():
+            kind, p = key.split("\x00")
             if grant:
-                kind, p = key.split("\x00")
-                ledger, first = plans[key]
                 part = end[kind]["parts"][p]
+                _, cursor = self._cursors[(kind, p)]
                 part["n"] += grant
-                part["id"] = off.entry_end(ledger, first + grant - 1, p)
+                part["id"] = cursor.id_at(part["n"])
         return end
 
     def reportLatestOffset(self) -> dict | None:
-        """The newest entry of every partition at the last planning, with its position (the backlog)."""
-        if not self._latest:
+        """The newest positions seen by the look-ahead (a lower bound when far behind)."""
+        if not self._cursors:
             return None
         latest: dict = {}
-        for (kind, p), (gen, n, last) in self._latest.items():
+        for (kind, p), (gen, cursor) in self._cursors.items():
             topic = latest.setdefault(kind, {"gen": gen, "parts": {}})
-            topic["parts"][p] = {"n": n, "id": last}
+            topic["parts"][p] = {"n": cursor.known_n, "id": cursor.id_at(cursor.known_n)}
         return latest
+
+    def _cursor(self, kind: str, gen: int, p: str, start_id: str, start_n: int) -> rd.PartitionCursor:
+        held = self._cursors.get((kind, p))
+        if held is not None:
+            held_gen, cursor = held
+            if held_gen == gen and cursor.matches(start_id, start_n):
+                cursor.advance_to(start_n)
+                return cursor
+            cursor.close()
+        cursor = rd.PartitionCursor(self.service_url, self.topics[kind], p, start_id, start_n, self.look_ahead)
+        self._cursors[(kind, p)] = (gen, cursor)
+        return cursor
 
     def _apply_replay_requests(self, offset: dict) -> dict:
         """Switch a changelog topic to a new generation when a newer replay request exists."""
@@ -212,26 +212,38 @@ class PulsarStreamReader(DataSourceStreamReader):
             parts = list(offset[kind]["parts"])
             topic = self.topics[kind]
             from_ms = request.get("from_ms")
-            bases = {p: (off.EARLIEST if from_ms is None else probes.find_position_before(self.service_url, topic, p, int(from_ms)))
+            bases = {p: (off.EARLIEST if from_ms is None else rd.find_position_before(self.service_url, topic, p, int(from_ms)))
                      for p in parts}
             replayed = off.empty_topic_offset(parts, gen=seq)
             replayed["base"] = bases
             replayed["parts"] = {p: {"n": 0, "id": bases[p]} for p in parts}
-            replayed["target"] = {p: t for p in parts if (t := probes.last_entry_id(self.service_url, topic, p))}
+            replayed["target"] = {p: t for p in parts if (t := rd.last_message_id(self.service_url, topic, p))}
             offset[kind] = replayed
         return offset
 
     def partitions(self, start: dict, end: dict):
-        ranges = off.ranges_between(start or {}, end)
-        # about read_tasks pieces in all, each range cut in proportion to its entries
-        chunk = min(self.split_rows, max(1, -(-sum(r.count for r in ranges) // self.read_tasks)))
         pieces = []
-        for rng in ranges:
-            pieces.extend(off.split_range(rng, off.entry_id_at(rng), chunk))
+        for rng in off.ranges_between(start or {}, end):
+            pieces.extend(off.split_range(rng, self._known_id(rng), self.split_rows))
         return [PulsarPartition(r.topic, self.topics[r.topic], r) for r in pieces]
+
+    def _known_id(self, rng: off.Range):
+        """id_at for a range's partition from its look-ahead cursor (None where it does not know)."""
+        held = self._cursors.get((rng.topic, rng.partition))
+
+        def id_at(n: int) -> str | None:
+            if held is None or held[0] != rng.gen or not held[1].base_n <= n <= held[1].known_n:
+                return None
+            return held[1].id_at(n)
+        return id_at
 
     def commit(self, end: dict) -> None:
         """Nothing to acknowledge: readers are non-durable, and retention keeps the changelogs."""
+
+    def stop(self) -> None:
+        for _, cursor in self._cursors.values():
+            cursor.close()
+        self._cursors.clear()
 
     # ------------------------------------------------------------------ executor side
     def read(self, partition: PulsarPartition):

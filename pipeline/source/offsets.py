@@ -1,16 +1,9 @@
 """Offsets of the Pulsar source: small JSON dicts of per-partition message positions.
 
 An offset names, for each logical topic, its replay generation and, for each partition, the
-last message consumed: its id and its position ``n``. Spark stores offsets in its write-ahead
-log, so a batch between two offsets is re-read exactly after a crash.
-
-Batches end on whole broker *entries*: the driver plans from the id of the newest entry alone
-(one ``get_last_message_id`` per partition) and never reads a message. So ``n`` counts entries,
-not messages: a producer that batches puts many messages in one entry (ours up to 1,000), an
-unbatched one puts one. An end id ``ledger:entry:partition:-1`` means "through the whole of that
-entry"; an id with a batch index (older checkpoints, a replay's time base) means "through that
-very message". Either way the messages of a batch are those with ids in (start, end], in the
-order of the partition, and entries never change, so a re-read after a crash is exact.
+last message consumed: its id and its position ``n`` (how many messages of this generation
+came before it, inclusive). Spark stores offsets in its write-ahead log, so a batch between
+two offsets is re-read exactly after a crash.
 
 ```
 {"users":  {"gen": 0, "base": {"-1": "earliest"}, "target": {},
@@ -52,55 +45,6 @@ class Position:
 
     def __str__(self) -> str:
         return f"{self.ledger}:{self.entry}:{self.partition}:{self.batch}"
-
-    @property
-    def through(self) -> tuple[int, int, int]:
-        """The id as the last message it covers: batch -1 covers its whole entry.
-
-        Message (ledger, entry, batch) is in (start, end] iff start.through < (ledger, entry,
-        batch) <= end.through, with an unbatched message's batch -1 read as WHOLE_ENTRY too.
-        """
-        return (self.ledger, self.entry, self.batch if self.batch >= 0 else WHOLE_ENTRY)
-
-
-WHOLE_ENTRY = 1 << 62  # sorts after every batch index
-BEFORE_ALL = (-1, -1, WHOLE_ENTRY)  # where "earliest" is
-
-
-def through(text: str) -> tuple[int, int, int]:
-    """:attr:`Position.through` of an id text, or the place before every message for EARLIEST."""
-    return BEFORE_ALL if text == EARLIEST else Position.parse(text).through
-
-
-def plan_entries(start_id: str, last_id: str | None) -> tuple[int, int, int]:
-    """What a partition holds after ``start_id`` when its newest entry is ``last_id``:
-    ``(ledger, first_entry, available)``; the ``k``-th entry available (1-based) ends at
-    ``ledger:first_entry + k - 1``.
-
-    Exact within one ledger (pulsar-lite has one per topic). When the newest entry is in a
-    later ledger than the start (Apache Pulsar rolls ledgers), the rest of the start's ledger
-    cannot be counted without reading it: it rides along with the first entry planned, uncounted.
-    """
-    if last_id is None:
-        return (0, 0, 0)
-    last = Position.parse(last_id)
-    if start_id == EARLIEST:
-        first = 0
-    else:
-        start = Position.parse(start_id)
-        if (start.ledger, start.entry) > (last.ledger, last.entry):
-            raise ValueError(f"start {start_id!r} is past the newest entry {last_id!r}; "
-                             "was the topic truncated or recreated?")
-        if start.ledger < last.ledger:
-            first = 0
-        else:  # a start inside an entry (a batch index) leaves the rest of that entry to read
-            first = start.entry if start.batch >= 0 else start.entry + 1
-    return (last.ledger, first, max(0, last.entry - first + 1))
-
-
-def entry_end(ledger: int, entry: int, partition: str) -> str:
-    """The end id that covers a whole entry."""
-    return f"{ledger}:{entry}:{int(partition)}:-1"
 
 
 def empty_topic_offset(partitions: list[str], base: str = EARLIEST, gen: int = 0) -> dict:
@@ -160,24 +104,10 @@ def ranges_between(start: dict, end: dict) -> list[Range]:
     return ranges
 
 
-def entry_id_at(rng: Range):
-    """``id_at(n)`` for :func:`split_range` from entry arithmetic: the end of the entry at
-    position n of a range that ends on a whole entry (None where that is not known)."""
-    end = None if rng.end_id == EARLIEST else Position.parse(rng.end_id)
-
-    def id_at(n: int) -> str | None:
-        if end is None or end.batch >= 0:  # an older checkpoint's end inside an entry: keep whole
-            return None
-        entry = end.entry - (rng.end_n - n)
-        return entry_end(end.ledger, entry, rng.partition) if entry >= 0 else None
-    return id_at
-
-
 def split_range(rng: Range, id_at, chunk_rows: int) -> list[Range]:
-    """Cut a range into consecutive pieces of about ``chunk_rows`` positions so executors read
-    and parse them in parallel.
+    """Cut a range into consecutive pieces of about ``chunk_rows`` so executors parse them in parallel.
 
-    ``id_at(n)`` gives the id that ends position n, or None when it is not known (then the
+    ``id_at(n)`` gives the message id at position n, or None when it is not known (then the
     range stays whole). Each piece re-reads exactly its messages, so the union is the range.
     """
     if chunk_rows < 1 or rng.count <= chunk_rows:
@@ -221,6 +151,6 @@ def replay_finished(topic_offset: dict) -> bool:
     target = topic_offset.get("target") or {}
     for p, target_id in target.items():
         current = topic_offset["parts"].get(p, {}).get("id", EARLIEST)
-        if through(current) < through(target_id):
+        if current == EARLIEST or Position.parse(current) < Position.parse(target_id):
             return False
     return True

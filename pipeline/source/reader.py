@@ -1,10 +1,9 @@
-"""Reading one range of a Pulsar partition on an executor, in bulk, into Arrow record batches.
+"""Reading Pulsar partitions with non-durable readers: exact ranges on executors, look-ahead on the driver.
 
-:func:`read_range` re-reads exactly the messages of one :class:`Range` (ids in (start, end], in
-partition order) and yields record batches of :data:`SPARK_SCHEMA`'s Arrow schema, which PySpark
-passes on with no row conversion. It is called once per input partition per micro-batch, and
-again for the same range after a crash. The driver plans ranges without reading a message
-(``probes.py``, ``offsets.py``).
+- :func:`read_range` (executor): re-reads exactly the messages of one :class:`Range` and yields
+  Arrow record batches. Called once per input partition per micro-batch, also after a crash.
+- :class:`PartitionCursor` (driver): reads ahead of the committed position to learn the ids of
+  upcoming messages, so a batch end can be capped at N rows and the backlog can be reported.
 
 Only the standard Pulsar protocol is used (readers from message ids; no seek, no
 subscriptions), so the same code runs on pulsar-lite and Apache Pulsar.
@@ -15,16 +14,14 @@ from __future__ import annotations
 import json
 import logging
 import time
+from array import array
 from typing import Iterator
 
 from pipeline.errors import SourceError
-from pipeline.source.offsets import EARLIEST, WHOLE_ENTRY, Position, Range, through
+from pipeline.source.offsets import EARLIEST, Position, Range
 
 log = logging.getLogger(__name__)
-ARROW_BATCH_ROWS = 16_384
-# position = entry position << ENTRY_SHIFT | (batch index + 1): it orders the messages of a
-# partition and generation (entries of up to a million messages; Pulsar caps a message at 5 MB)
-ENTRY_SHIFT = 20
+ARROW_BATCH_ROWS = 8192
 _clients: dict[str, object] = {}
 
 
@@ -56,147 +53,68 @@ def id_text(message_id) -> str:
     return f"{message_id.ledger_id()}:{message_id.entry_id()}:{message_id.partition()}:{message_id.batch_index()}"
 
 
-def batch_size(message_id) -> int | None:
-    """How many messages the entry of a batched message id holds (None if the id does not say).
-
-    pulsar-client does not expose it, but its serialised id (the protocol's MessageIdData)
-    carries it as field 6, ``batch_size``.
-    """
-    data, i = message_id.serialize(), 0
-    try:
-        while i < len(data):
-            tag, i = _varint(data, i)
-            if tag & 7 == 0:
-                value, i = _varint(data, i)
-                if tag >> 3 == 6:
-                    return value or None
-            elif tag & 7 == 2:
-                length, i = _varint(data, i)
-                i += length
-            else:
-                return None
-    except IndexError:
-        return None
-    return None
-
-
-def _varint(data: bytes, i: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[i]
-        value |= (byte & 0x7F) << shift
-        i += 1
-        if not byte & 0x80:
-            return value, i
-        shift += 7
-
-
 def partition_topic(topic: str, partition: str) -> str:
     """The Pulsar topic name of a partition key ('-1' is a non-partitioned topic)."""
     return topic if partition == "-1" else f"{topic}-partition-{partition}"
 
 
 def open_reader(service_url: str, topic: str, start_id: str, receiver_queue: int = 5000, client=None):
-    """A non-durable reader positioned right after ``start_id`` (or at the earliest message).
-
-    After a whole entry (batch index -1) it starts *at* the next entry, inclusively: pulsar-lite
-    0.2.0 answers a reader started after a batched entry by sending that entry again, and such a
-    reader sometimes goes silent right after it (measured: 2 in 300 range reads).
-    """
-    import pulsar
-
-    inclusive = False
-    start = to_message_id(start_id)
-    if start_id != EARLIEST:
-        pos = Position.parse(start_id)
-        if pos.batch < 0:
-            start, inclusive = pulsar.MessageId(pos.partition, pos.ledger, pos.entry + 1, -1), True
+    """A non-durable reader positioned right after ``start_id`` (or at the earliest message)."""
     try:
         return (client or pulsar_client(service_url)).create_reader(
-            topic, start, receiver_queue_size=receiver_queue, start_message_id_inclusive=inclusive)
+            topic, to_message_id(start_id), receiver_queue_size=receiver_queue)
     except Exception as exc:  # the C++ client raises its own types (Timeout, TopicNotFound, …)
         raise SourceError(f"cannot open a reader on {topic!r} at {start_id!r} via {service_url!r}: {exc}") from exc
 
 
-def read_range(service_url: str, topic: str, kind: str, rng: Range, quiet_timeout_s: float = 60.0) -> Iterator:
-    """Yield Arrow batches with exactly the messages of ``rng``: ids after ``rng.start_id``
-    through ``rng.end_id`` (an end with batch index -1 covers its whole entry).
+def list_partitions(service_url: str, topic: str) -> list[str]:
+    """Partition keys of a topic: ['-1'] when it is not partitioned."""
+    try:
+        names = pulsar_client(service_url).get_topic_partitions(topic)
+    except Exception as exc:
+        raise SourceError(f"cannot look up partitions of {topic!r} via {service_url!r}: {exc}") from exc
+    if len(names) == 1 and names[0] == topic:
+        return ["-1"]
+    return [name.rsplit("-partition-", 1)[1] for name in names]
+
+
+def read_range(service_url: str, topic: str, kind: str, rng: Range, read_timeout_s: float = 60.0) -> Iterator:
+    """Yield Arrow batches with exactly the ``rng.count`` messages after ``rng.start_id``.
 
     # {"kind": "orders", "topic": "persistent://…/orders", "partition": -1, "message_id": "0:5:-1:2",
-    #  "position": 5242883, "generation": 0, "key": "1001", "value": b'{…}', "publish_time": ts, "properties": None}
-
-    Raises SourceError when the broker sends nothing for ``quiet_timeout_s`` while the range
-    is unfinished (the broker is down, or the topic was truncated or recreated).
+    #  "position": 42, "generation": 0, "key": "1001", "value": b'{…}', "publish_time": ts, "properties": None}
     """
-    end = through(rng.end_id)
-    stream = _RangeStream(service_url, partition_topic(topic, rng.partition), topic, rng.start_id, end, quiet_timeout_s)
-    columns = _Columns(kind, topic, int(rng.partition), rng.gen)
-    entry_n, entry = rng.start_n, None
+    import pyarrow as pa
+
+    stream = _RangeStream(service_url, partition_topic(topic, rng.partition), topic, rng.start_id, read_timeout_s)
+    schema = arrow_schema()
+    columns = _empty_columns()
+    partition = int(rng.partition)
     try:
-        while True:
-            found = stream.next()
-            if found is None or found[1] > end:
-                break
-            message, at, batch = found
-            if at[:2] != entry:
-                entry, entry_n = at[:2], entry_n + 1
-            columns.append(message, at, batch, (entry_n << ENTRY_SHIFT) | (batch + 1))
-            if columns.rows >= ARROW_BATCH_ROWS:
-                yield columns.take()
-            if at == end or stream.end_entry_read():  # nothing of the range is left
-                break
-        if columns.rows:
-            yield columns.take()
+        for position in range(rng.start_n + 1, rng.end_n + 1):
+            message, message_id = stream.next()
+            key, properties = read_key_and_properties(message)
+            columns["kind"].append(kind)
+            columns["topic"].append(topic)
+            columns["partition"].append(partition)
+            columns["message_id"].append(message_id)
+            columns["position"].append(position)
+            columns["generation"].append(rng.gen)
+            columns["key"].append(key)
+            columns["value"].append(message.data())
+            columns["publish_time"].append(message.publish_timestamp() * 1000)
+            columns["properties"].append(properties)
+            if len(columns["kind"]) >= ARROW_BATCH_ROWS:
+                yield pa.RecordBatch.from_pydict(columns, schema=schema)
+                columns = _empty_columns()
+        if columns["kind"]:
+            last = columns["message_id"][-1]
+            if last != rng.end_id and rng.end_id != EARLIEST:
+                raise SourceError(f"{topic!r} partition {rng.partition}: expected to end at {rng.end_id}, read {last}; "
+                                  "the topic changed under the source (was it truncated or recreated?)")
+            yield pa.RecordBatch.from_pydict(columns, schema=schema)
     finally:
         stream.close()
-
-
-class _Columns:
-    """The columns of one Arrow batch being read: lists per message, constants once per batch."""
-
-    def __init__(self, kind: str, topic: str, partition: int, generation: int):
-        self.kind, self.topic, self.partition, self.generation = kind, topic, partition, generation
-        self._clear()
-
-    def _clear(self) -> None:
-        self.ledgers, self.entries, self.batches, self.positions = [], [], [], []
-        self.keys, self.values, self.times, self.properties = [], [], [], []
-
-    @property
-    def rows(self) -> int:
-        return len(self.values)
-
-    def append(self, message, at: tuple[int, int, int], batch: int, position: int) -> None:
-        key, properties = read_key_and_properties(message)
-        self.ledgers.append(at[0])
-        self.entries.append(at[1])
-        self.batches.append(batch)
-        self.positions.append(position)
-        self.keys.append(key)
-        self.values.append(message.data())
-        self.times.append(message.publish_timestamp())
-        self.properties.append(properties)
-
-    def take(self):
-        """The rows so far as one record batch of :func:`arrow_schema` (and start afresh)."""
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        n = self.rows
-        text = pa.string()
-        ids = pc.binary_join_element_wise(
-            pa.array(self.ledgers, pa.int64()).cast(text), pa.array(self.entries, pa.int64()).cast(text),
-            pa.repeat(pa.scalar(str(self.partition), text), n), pa.array(self.batches, pa.int64()).cast(text), ":")
-        arrays = [
-            pa.repeat(pa.scalar(self.kind, text), n), pa.repeat(pa.scalar(self.topic, text), n),
-            pa.repeat(pa.scalar(self.partition, pa.int32()), n),
-            ids, pa.array(self.positions, pa.int64()), pa.repeat(pa.scalar(self.generation, pa.int64()), n),
-            pa.array(self.keys, text), pa.array(self.values, pa.binary()),
-            pc.multiply(pa.array(self.times, pa.int64()), 1000).cast(pa.timestamp("us", tz="UTC")),
-            pa.array(self.properties, text),
-        ]
-        self._clear()
-        return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema())
 
 
 def read_key_and_properties(message) -> tuple[str | None, str | None]:
@@ -228,29 +146,22 @@ def read_key_and_properties(message) -> tuple[str | None, str | None]:
 
 
 class _RangeStream:
-    """The messages after a start id, each once, up to an end, from a reader on its own
-    connection that is reopened if it stalls.
+    """The messages after a start id, each once, from a reader on its own connection that is
+    reopened if it stalls.
 
-    pulsar-lite 0.2.0 sometimes stops feeding a reader while another reader is being served,
-    on any topic and any connection: measured outside Spark with plain readers, 2 to 6 range
-    reads in 300 stalled when two processes read at once, and none in 300 read one at a time
-    (bench/README.md). It also sends entries again, so each message is taken once by id.
-    Until the end entry is reached the messages are known to exist (the driver planned the
-    range from the broker's newest entry), so a reader that goes silent before it is reopened
-    on a fresh connection right after the last message it gave; from the end entry on, an
-    empty queue and a broker with nothing newer mean the range is done.
+    pulsar-lite 0.2.0 sometimes stops feeding a reader (or sends entries again) when other
+    readers have used its connection, which a reused Python worker's shared client always
+    has. So each range gets a connection of its own (a few milliseconds to open here), and
+    since a committed range is known to exist, a reader that still goes silent is reopened on
+    a fresh connection right after the last message it gave.
     """
 
-    STALL_S = 0.3  # silence before the first reopen; doubled at each reopen of one range, up to 4 s
-    stalls = 0  # reopened readers in this process (the benchmark and tests read it)
+    STALL_S = 1.5
 
-    def __init__(self, service_url: str, name: str, topic: str, start_id: str, end: tuple[int, int, int],
-                 quiet_timeout_s: float):
+    def __init__(self, service_url: str, name: str, topic: str, start_id: str, timeout_s: float):
         self.service_url, self.name, self.topic = service_url, name, topic
-        self.start_id, self.last, self.end = start_id, through(start_id), end
-        self.last_found = None  # the MessageId of the last message given (its text only when needed)
-        self.end_size = None  # messages in the end entry, once a message of it is seen
-        self.quiet_timeout_s, self.stall_s = quiet_timeout_s, self.STALL_S
+        self.last_id, self.last = start_id, _id_tuple(start_id)
+        self.deadline = time.monotonic() + timeout_s
         self.client = self.reader = None
         self._open(start_id)
 
@@ -260,71 +171,31 @@ class _RangeStream:
         except Exception as exc:
             raise SourceError(f"cannot connect to {self.service_url!r} to read {self.topic!r}: {exc}") from exc
         self.reader = open_reader(self.service_url, self.name, start_id, client=self.client)
-        self.opened, self.delivered = time.monotonic(), 0
-        # pulsar-client's Reader and Message are thin Python wrappers over its _pulsar objects,
-        # which have the same methods; reading those directly saves two objects and five calls a
-        # message (a fifth of the read cost here)
-        self._read_next = getattr(self.reader, "_reader", self.reader).read_next
 
     def next(self):
-        """(message, its ``through`` key, its batch index) of the next message not seen yet, or
-        None when the end entry has been read and the broker has nothing newer."""
+        """The next message not seen yet, and its id text."""
         import pulsar
 
-        quiet_since = silent_since = time.monotonic()  # the first restarts at each reopen
-        wait_ms = 1  # the receiver queue is usually warm; only an empty one waits longer
+        quiet_since = time.monotonic()
         while True:
             try:
-                message = self._read_next(wait_ms)
+                message = self.reader.read_next(250)
             except pulsar.Timeout:
-                if self.end_entry_read() or (self.last[:2] >= self.end[:2] and self.end_size is None
-                                             and not self._more_on_broker()):
-                    return None
                 now = time.monotonic()
-                if now - silent_since > self.quiet_timeout_s:
-                    raise SourceError(f"{self.topic!r}: no message after {self.last_id} for {self.quiet_timeout_s:.0f}s "
-                                      f"while re-reading a committed range; is the broker up, or was the topic "
-                                      f"truncated or recreated?") from None
-                if now - quiet_since > self.stall_s:
-                    # A reopen costs a few milliseconds and at most one entry read again, so a
-                    # short threshold is cheap even when the silence was only a busy machine.
-                    _RangeStream.stalls += 1
-                    log.warning("reader on %r stalled after %s (%d messages and %.1fs after it opened, silent "
-                                "%.1fs); reopening on a new connection", self.name, self.last_id, self.delivered,
-                                now - self.opened, now - quiet_since)
+                if now > self.deadline:
+                    raise SourceError(f"timed out re-reading committed messages of {self.topic!r}; "
+                                      "is the broker up?") from None
+                if now - quiet_since > self.STALL_S:
+                    log.warning("reader on %r stalled after %s; reopening on a new connection", self.name,
+                                self.last_id)
                     self.close()
                     self._open(self.last_id)
-                    quiet_since, self.stall_s = time.monotonic(), min(4.0, 2 * self.stall_s)
-                wait_ms = 100
+                    quiet_since = now
                 continue
             found = message.message_id()
-            batch = found.batch_index()
-            key = (found.ledger_id(), found.entry_id(), batch if batch >= 0 else WHOLE_ENTRY)
-            self.delivered += 1
-            if batch >= 0 and self.end_size is None and key[:2] == self.end[:2]:
-                self.end_size = batch_size(found)
-            if key > self.last:  # anything else was sent again: seen already
-                self.last, self.last_found = key, found
-                return message, key, batch
-
-    def end_entry_read(self) -> bool:
-        """Whether the last message given is the last one of the end entry.
-
-        Known from the entry's batch size, which each batched message id carries. (An empty
-        receiver queue is no proof: the client may still be unpacking the entry.)
-        """
-        return (self.last[:2] == self.end[:2] and self.end_size is not None
-                and self.last[2] >= self.end_size - 1)
-
-    @property
-    def last_id(self) -> str:
-        return self.start_id if self.last_found is None else id_text(self.last_found)
-
-    def _more_on_broker(self) -> bool:
-        try:
-            return self.reader.has_message_available()
-        except Exception:  # a dead broker: keep waiting, the quiet timeout reports it
-            return True
+            if _tuple_of(found) > self.last:  # anything else was sent again: seen already
+                self.last, self.last_id = _tuple_of(found), id_text(found)
+                return message, self.last_id
 
     def close(self) -> None:
         for closeable in (self.reader, self.client):
@@ -333,6 +204,23 @@ class _RangeStream:
                     closeable.close()
             except Exception:  # closing a reader of a dead broker must not mask the real error
                 pass
+
+
+def _tuple_of(message_id) -> tuple[int, int, int]:
+    """A message id as a tuple that orders like the messages of one partition."""
+    return (message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
+
+
+def _id_tuple(text: str) -> tuple[int, int, int]:
+    if text == EARLIEST:
+        return (-1, -1, -1)
+    pos = Position.parse(text)
+    return (pos.ledger, pos.entry, pos.batch)
+
+
+def _empty_columns() -> dict[str, list]:
+    return {name: [] for name in ("kind", "topic", "partition", "message_id", "position", "generation",
+                                  "key", "value", "publish_time", "properties")}
 
 
 def arrow_schema():
@@ -347,3 +235,187 @@ def arrow_schema():
 
 SPARK_SCHEMA = ("kind string, topic string, partition int, message_id string, position long, generation long, "
                 "key string, value binary, publish_time timestamp, properties string")
+
+
+class PartitionCursor:
+    """Driver-side look-ahead over one partition of one generation.
+
+    Holds the ids of messages read ahead of ``base_n`` in compact int arrays (24 bytes each),
+    at most ``max_ahead`` of them, so ``id_at(n)`` can end a batch after any number of rows.
+    """
+
+    def __init__(self, service_url: str, topic: str, partition: str, start_id: str, start_n: int, max_ahead: int):
+        self.topic, self.partition = topic, partition
+        self.base_n, self.base_id = start_n, start_id  # position and id of the last consumed message
+        self.max_ahead = max_ahead
+        self._ledgers, self._entries, self._batches = array("q"), array("q"), array("q")
+        # Its own connection: on pulsar-lite 0.2.0 a caught-up reader stops being sent new
+        # messages once another reader on the same connection receives one.
+        self._client = new_client(service_url)
+        self._service_url = service_url
+        self._reader = open_reader(service_url, partition_topic(topic, partition), start_id, client=self._client)
+        self._idle_polls = 0
+        self.redelivered = self._redelivered_logged = 0  # messages the reader sent twice
+
+    @property
+    def known_n(self) -> int:
+        """The newest position seen so far (a lower bound of the latest position)."""
+        return self.base_n + len(self._ledgers)
+
+    def _newest(self) -> tuple[int, int, int]:
+        if self._ledgers:
+            return (self._ledgers[-1], self._entries[-1], self._batches[-1])
+        return _id_tuple(self.base_id)
+
+    def matches(self, start_id: str, start_n: int) -> bool:
+        return self.base_n <= start_n <= self.known_n and self.id_at(start_n) == start_id
+
+    def id_at(self, n: int) -> str:
+        if n == self.base_n:
+            return self.base_id
+        i = n - self.base_n - 1
+        return f"{self._ledgers[i]}:{self._entries[i]}:{int(self.partition)}:{self._batches[i]}"
+
+    def advance_to(self, n: int) -> None:
+        """Forget ids up to position ``n`` (consumed by a planned batch)."""
+        if n <= self.base_n:
+            return
+        self.base_id = self.id_at(n)
+        drop = n - self.base_n
+        del self._ledgers[:drop], self._entries[:drop], self._batches[:drop]
+        self.base_n = n
+
+    def poll(self, budget_s: float = 1.0, first_wait_ms: int = 20, until_n: int | None = None) -> int:
+        """Read ahead for up to ``budget_s``, until nothing more is there, or until position
+        ``until_n`` is known (enough to plan the next batch); returns rows read."""
+        import pulsar
+
+        read = 0
+        deadline = time.monotonic() + budget_s
+        wait_ms = first_wait_ms
+        limit = self.max_ahead if until_n is None else min(self.max_ahead, until_n - self.base_n)
+        reached_end = False
+        while len(self._ledgers) < limit and time.monotonic() < deadline:
+            try:
+                mid = self._reader.read_next(wait_ms).message_id()
+            except pulsar.Timeout:
+                if not self._reader.is_connected():
+                    # Surface a lost broker as a failure so the restart strategy sees it.
+                    raise SourceError(f"lost the connection to the broker while reading {self.topic!r}") from None
+                reached_end = True
+                break
+            except Exception as exc:
+                raise SourceError(f"reading ahead on {self.topic!r} partition {self.partition} failed: {exc}") from exc
+            if _tuple_of(mid) <= self._newest():
+                # pulsar-lite 0.2.0 sometimes sends whole entries again to a busy reader;
+                # counting a message twice would shift every later position.
+                self.redelivered += 1
+                continue
+            self._ledgers.append(mid.ledger_id())
+            self._entries.append(mid.entry_id())
+            self._batches.append(mid.batch_index())
+            read += 1
+            wait_ms = 2  # the receiver queue is warm; a short wait means we reached the end
+        # Only a poll that waited at the end counts as idle: stopping at a limit is not a stall.
+        if read:
+            self._idle_polls = 0
+        elif reached_end:
+            self._idle_polls += 1
+        if self.redelivered >= self._redelivered_logged + 10_000:
+            log.info("reader on %r partition %s: %d messages sent again so far, skipped", self.topic,
+                     self.partition, self.redelivered)
+            self._redelivered_logged = self.redelivered
+        if reached_end and not read and self._idle_polls % 3 == 0 and len(self._ledgers) < self.max_ahead:
+            self._reopen_if_stalled()
+        return read
+
+    def _reopen_if_stalled(self) -> None:
+        """Reopen the reader at the newest id seen if the broker has messages it does not deliver.
+
+        Seen once on pulsar-lite after a crash-restart: a reader that stays idle while its topic
+        holds unread messages. Asking costs one round trip every third idle poll.
+        """
+        try:
+            waiting = self._reader.has_message_available()
+        except Exception:  # pulsar-lite raises on an empty topic
+            return
+        if waiting:
+            log.warning("reader on %r partition %s stalled; reopening at %s", self.topic, self.partition,
+                        self.id_at(self.known_n))
+            self._reader.close()
+            self._reader = open_reader(self._service_url, partition_topic(self.topic, self.partition),
+                                       self.id_at(self.known_n), client=self._client)
+
+    def close(self) -> None:
+        for closeable in (self._reader, self._client):
+            try:
+                closeable.close()
+            except Exception:  # closing a reader of a dead broker must not mask the real error
+                pass
+
+
+def find_position_before(service_url: str, topic: str, partition: str, time_ms: int, timeout_s: float = 120.0) -> str:
+    """The id of the last message published before ``time_ms`` (EARLIEST if none), by scanning.
+
+    pulsar-lite's seek is broken, so this reads from the start; it runs once per replay request.
+    """
+    import pulsar
+
+    reader = open_reader(service_url, partition_topic(topic, partition), EARLIEST)
+    previous = EARLIEST
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            try:
+                message = reader.read_next(200)
+            except pulsar.Timeout:
+                return previous
+            if message.publish_timestamp() >= time_ms:
+                return previous
+            previous = id_text(message.message_id())
+        raise SourceError(f"scanning {topic!r} for time {time_ms} took over {timeout_s:.0f}s")
+    finally:
+        reader.close()
+
+
+def last_message_id(service_url: str, topic: str, partition: str) -> str | None:
+    """The id of the newest message (None for an empty topic).
+
+    The broker answers with the last *entry*; when that entry is a batch, its messages are read
+    to find the last one, so a reader started after the answer skips the whole batch.
+    The Python client has no non-durable subscriptions, so the probe unsubscribes at once,
+    leaving no cursor behind that would hold messages on Apache Pulsar.
+    """
+    import pulsar
+
+    client = pulsar_client(service_url)
+    name = partition_topic(topic, partition)
+    try:
+        consumer = client.subscribe(name, f"ss-probe-{time.time_ns()}")
+    except Exception as exc:
+        raise SourceError(f"cannot probe the last message of {topic!r}: {exc}") from exc
+    try:
+        mid = consumer.get_last_message_id()
+    except Exception:  # pulsar-lite raises on an empty topic
+        return None
+    finally:
+        try:
+            consumer.unsubscribe()
+        except Exception:  # the broker may refuse; closing is enough then
+            consumer.close()
+    if mid.entry_id() < 0:
+        return None
+    last = id_text(mid)
+    reader = client.create_reader(name, pulsar.MessageId(mid.partition(), mid.ledger_id(), mid.entry_id(), -1),
+                                  start_message_id_inclusive=True)
+    try:
+        while True:
+            try:
+                found = reader.read_next(500).message_id()
+            except pulsar.Timeout:
+                return last
+            if (found.ledger_id(), found.entry_id()) != (mid.ledger_id(), mid.entry_id()):
+                return last
+            last = id_text(found)
+    finally:
+        reader.close()
