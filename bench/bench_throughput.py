@@ -113,25 +113,13 @@ def phase_means(progress: list[dict]) -> dict:
             for phase in PHASES} if steady else {}
 
 
-def entries_of(url: str, topic: str) -> int:
-    """How many broker entries a (non-partitioned, single-ledger pulsar-lite) topic holds."""
-    from pipeline.source.probes import last_entry_id
-
-    last = last_entry_id(url, topic, "-1")
-    return int(last.split(":")[1]) + 1 if last else 0
-
-
 def stateless_baseline(spark, url: str, topics: dict, work: Path, orders: int, max_rows: int,
                        timeout_s: float = 1800) -> dict:
     """Our source and parse step alone: ``source -> mapInArrow(parse_batches) -> no-op foreachBatch``.
 
     The foreachBatch runs the batch through Spark's ``noop`` writer: every row is read and
-    parsed on the executors, nothing is collected or written. The source caps a batch by broker
-    entries (its driver never reads a message); the cap is set from the topic's mean entry size
-    so that a batch holds about ``max_rows`` rows, as before.
+    parsed on the executors, nothing is collected or written; a batch holds up to ``max_rows`` rows.
     """
-    entries = entries_of(url, topics["orders"])
-    max_entries = max(1, round(max_rows * entries / orders)) if entries else max_rows
     from pipeline.enrich.parse import parse_batches
     from pipeline.enrich.rules import ENVELOPE_SPARK_SCHEMA
     from pipeline.source.datasource import PulsarDataSource
@@ -142,8 +130,7 @@ def stateless_baseline(spark, url: str, topics: dict, work: Path, orders: int, m
         df.write.format("noop").mode("overwrite").save()
 
     source = (spark.readStream.format("pulsar").option("service_url", url)
-              .option("topics", f"orders={topics['orders']}").option("maxRowsPerBatch", max_rows)
-              .option("maxEntriesPerBatch", max_entries).load())
+              .option("topics", f"orders={topics['orders']}").option("maxRowsPerBatch", max_rows).load())
     envelopes = source.mapInArrow(parse_batches, ENVELOPE_SPARK_SCHEMA)
     query = (envelopes.writeStream.foreachBatch(discard)
              .option("checkpointLocation", str(work / "stateless-ck")).trigger(processingTime="1 second").start())
@@ -161,7 +148,6 @@ def stateless_baseline(spark, url: str, topics: dict, work: Path, orders: int, m
     rows = [{"topics": [{"topic": "orders", "rows": p["numInputRows"]}], "batch_duration_ms": p["batchDuration"]}
             for p in progress if p["numInputRows"]]
     figures = sustained(rows)
-    figures["entries"], figures["max_entries_per_batch"] = entries, max_entries
     figures["phases_ms"] = phase_means(progress)
     sample = [p for p in progress if p["numInputRows"]][-1]  # one batch's whole progress, to read by eye
     figures["sample_progress"] = json.loads(sample.json) if hasattr(sample, "json") else dict(sample)
