@@ -145,8 +145,11 @@ class StateCensus:
         """One census at the newest progress row not counted yet; returns the rows written."""
         from pipeline.metrics import read_rows
 
-        progress = read_rows(self.metrics.data_dir, "progress")
-        if not progress or progress[-1]["batch_id"] == self._last_batch:
+        # The checkpoint's newest commit, not the newest progress row: after a restore the metrics
+        # store remembers batches the restored checkpoint never had.
+        committed = last_committed_batch(self.checkpoint)
+        progress = [row for row in read_rows(self.metrics.data_dir, "progress") if row["batch_id"] == committed]
+        if not progress or committed == self._last_batch:
             return []
         newest = progress[-1]
         rows_by_lookup = {op["operator"]: op["rows_total"] for op in newest.get("state") or []}
