@@ -2,10 +2,9 @@
 first batch, with every order checked for zero loss and zero duplicates.
 
 One embedded broker holds a small generated workload (pipeline/datagen.py) published up
-front; the job runs as a real process (``python -m pipeline run``, local[2]). ``--max-rows`` now
-bounds entries, not messages (the source counts entries since issue 12, and the producers put
-many messages in one), so the whole workload may land in the first batch and the kill then
-meets an empty batch in flight; the figure is still kill to the next commit. In one run:
+front; the job runs as a real process (``python -m pipeline run``, local[2]). ``--max-rows``
+bounds the messages in a batch, so the kill meets a batch in flight; the figure is kill to the
+next commit. In one run:
 
 1. **cold start** (the baseline): a new job on an empty checkpoint, from spawning the process
    to its first batch in the commit log;
