@@ -5,6 +5,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
+# The lookup operator's source and jar (defined before the rules that name them: make expands a
+# rule's prerequisites as it reads the rule).
+LOOKUP_SRC := $(wildcard pipeline/enrich/jvm/statefulstreams/*.java)
+LOOKUP_JAR := pipeline/enrich/jvm/build/changelog-lookup.jar
+
 .PHONY: setup system-deps demo test test-fast bench clean
 
 setup: $(STAMP) system-deps $(LOOKUP_JAR)
@@ -19,8 +24,6 @@ $(STAMP): requirements.txt
 
 # The one Java class of the job (the keyed lookup operator), compiled against the pyspark wheel's
 # jars and rebuilt only when its source or the wheel changes. The job adds it with spark.jars.
-LOOKUP_SRC := $(wildcard pipeline/enrich/jvm/statefulstreams/*.java)
-LOOKUP_JAR := pipeline/enrich/jvm/build/changelog-lookup.jar
 $(LOOKUP_JAR): $(LOOKUP_SRC) $(STAMP)
 	@command -v javac >/dev/null || { echo "installing a JDK to build the lookup operator"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq openjdk-17-jdk-headless >/dev/null; }
