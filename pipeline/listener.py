@@ -12,6 +12,7 @@ import json
 import logging
 import queue
 import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -23,6 +24,9 @@ from pipeline.errors import SinkError
 from pipeline.sinks import SinkWriter
 
 log = logging.getLogger(__name__)
+
+# How long to keep asking Spark's UI for a finished batch's stages before recording what it has.
+TASKS_WAIT_S = 10.0
 
 
 class JobListener(StreamingQueryListener):
@@ -91,20 +95,34 @@ class JobListener(StreamingQueryListener):
         base = f"{ui_url}/api/v1/applications/{app_id}"
         while True:
             batch_id, ts_ms = self._tasks.get()
-            try:
-                jobs = _get_json(f"{base}/jobs")
-                marker = f"batch = {batch_id}"
-                stage_ids = sorted({s for job in jobs if marker in (job.get("description") or "").split("\n")
-                                    for s in job.get("stageIds", [])})
-                stages = []
-                for stage_id in stage_ids:
-                    for attempt in _get_json(f"{base}/stages/{stage_id}?details=true"):
-                        if attempt.get("status") == "COMPLETE":
-                            stages.append(attempt)
-                for row in metrics.task_rows_from_stages(batch_id, stages, ts_ms):
-                    self.store.append("tasks", row)
-            except Exception as exc:  # the UI may be off or busy; task rows are best effort per batch
-                log.info("no task metrics for batch %s: %s", batch_id, exc)
+            # The UI's status store trails the batch (it is fed by Spark's own listener bus), so
+            # right after a batch its stages may still show as running: ask again for a while.
+            deadline = time.monotonic() + TASKS_WAIT_S
+            while True:
+                try:
+                    stages, settled = _batch_stages(base, batch_id)
+                except Exception as exc:  # the UI may be off or busy; task rows are best effort per batch
+                    log.info("no task metrics for batch %s: %s", batch_id, exc)
+                    break
+                if settled or time.monotonic() > deadline:
+                    for row in metrics.task_rows_from_stages(batch_id, stages, ts_ms):
+                        self.store.append("tasks", row)
+                    break
+                time.sleep(0.25)
+
+
+def _batch_stages(base: str, batch_id: int) -> tuple[list[dict], bool]:
+    """The completed stages of one batch's jobs, and whether every one of its stages is done."""
+    marker = f"batch = {batch_id}"
+    jobs = [job for job in _get_json(f"{base}/jobs") if marker in (job.get("description") or "").split("\n")]
+    stages, settled = [], bool(jobs) and all(job.get("status") != "RUNNING" for job in jobs)
+    for stage_id in sorted({s for job in jobs for s in job.get("stageIds", [])}):
+        attempts = _get_json(f"{base}/stages/{stage_id}?details=true")
+        done = [a for a in attempts if a.get("status") == "COMPLETE"]
+        stages.extend(done)
+        # A stage Spark skipped (its shuffle output was reused) never completes; only an active one counts.
+        settled = settled and (done or all(a.get("status") in ("SKIPPED", "FAILED") for a in attempts))
+    return stages, settled
 
 
 def _get_json(url: str):
