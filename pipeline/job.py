@@ -86,7 +86,11 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
     source = (spark.readStream.format("pulsar").option("service_url", service_url).option("topics", topics)
               .option("maxRowsPerBatch", max_rows).option("splitRows", split_rows)
               .option("startingOffsets", settings["job.start_from"])
-              .option("controlDir", str(store.replay_requests_dir(settings.data_dir))).load())
+              .option("controlDir", str(store.replay_requests_dir(settings.data_dir))))
+    if settings["pulsar.auth_token"]:
+        # Spark redacts option values whose key says "token" from plans and its UI.
+        source = source.option("authToken", settings["pulsar.auth_token"])
+    source = source.load()
     # {"kind": "orders", "topic": …, "partition": -1, "message_id": "0:5:-1:2", "position": 42, "key": "1001", "value": b"…"}
     rows = source.mapInArrow(parse_batches, rules.ENVELOPE_SPARK_SCHEMA)
     # {"kind": "orders", "op": "order", "user_id": 17, "item_id": 4, …, "user_state": None, "item_state": None}

@@ -176,3 +176,40 @@ def test_replay_request_rereads_a_changelog_in_a_new_generation(spark, broker, u
     assert [json.loads(r["value"])["id"] for r in replayed] == list(range(30))
     progress = query.recentProgress[-1]["sources"][0]
     assert json.loads(progress["endOffset"])["users"]["gen"] == 1
+
+
+def test_the_token_reaches_every_reader_and_stays_out_of_plans(spark, broker, unique_topics, tmp_path, monkeypatch, capsys):
+    """``authToken`` (pulsar.auth_token) builds the driver's clients and, through the pickled
+    reader, each read task's; Spark redacts it from the plan. pulsar-lite ignores tokens, so the
+    query reads as it would from an authenticated Pulsar."""
+    import pickle
+
+    from pipeline.source import reader as rd
+    from pipeline.source.datasource import PulsarStreamReader
+
+    token = "tok-" + "s3cr3t" * 4
+    topics = unique_topics()
+    publish(broker.service_url, topics["orders"], keyed("orders", [order(n, 1, 1) for n in range(5)]))
+    batches: dict = {}
+    query = (stream(spark, broker.service_url, {"orders": topics["orders"]}, authToken=token)
+             .writeStream.foreachBatch(collect_into(batches)).option("checkpointLocation", str(tmp_path / "ck"))
+             .trigger(processingTime="200 milliseconds").start())
+    try:
+        wait_for(lambda: len(all_rows(batches)) >= 5, timeout=120, what="5 rows read with a token")
+        query.explain(extended=True)
+        assert token not in capsys.readouterr().out
+        assert token not in json.dumps(query.lastProgress or {}, default=str)
+    finally:
+        query.stop()
+    # What a read task does: unpickle the reader, then build its clients with the token.
+    seen = []
+    monkeypatch.setattr(pulsar, "Client", lambda url, **kw: seen.append(kw.get("authentication")))
+    driver_side = PulsarStreamReader({"service_url": "pulsar://127.0.0.1:1", "topics": "orders=persistent://public/default/o",
+                                      "authToken": token})
+    rd._tokens.clear()
+    pickle.loads(pickle.dumps(driver_side))
+    rd.new_client("pulsar://127.0.0.1:1")
+    assert isinstance(seen[-1], pulsar.AuthenticationToken)
+    rd.use_token("pulsar://127.0.0.1:1", None)
+    rd.new_client("pulsar://127.0.0.1:1")
+    assert seen[-1] is None

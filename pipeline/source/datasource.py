@@ -14,6 +14,7 @@ Schema (one row per message)::
     value binary         raw payload
     publish_time timestamp
     properties string    message properties as a JSON object, or None
+    event_time long      event time the producer set (epoch ms), or None
 
 Options:
 
@@ -21,6 +22,8 @@ Options:
 - ``topics`` (required): ``users=persistent://public/default/users,orders=…``.
 - ``maxRowsPerBatch``: most rows in one micro-batch, shared fairly among partitions.
 - ``startingOffsets``: ``earliest`` (default), or JSON like ``{"orders": "latest"}``.
+- ``authToken``: a JWT for a Pulsar with token authentication (``pulsar.auth_token``); Spark
+  redacts it from plans and its UI, as it does any option whose name says "token".
 - ``controlDir``: folder of replay requests (``<seq>.json`` with ``topic`` and ``from``).
 - ``lookAheadRows``: how many message ids the driver keeps ahead per partition (default 4×max).
 - ``splitRows``: a partition's rows in one batch are read as Spark partitions of about this
@@ -112,6 +115,8 @@ class PulsarStreamReader(DataSourceStreamReader):
         self.split_rows = int(options.get("splitRows") or SPLIT_ROWS)
         self.starting = parse_starting_offsets(options.get("startingOffsets"), list(self.topics))
         self.control_dir = Path(options["controlDir"]) if options.get("controlDir") else None
+        self.auth_token = options.get("authToken") or None
+        rd.use_token(self.service_url, self.auth_token)
         self._cursors: dict[tuple[str, str], tuple[int, rd.PartitionCursor]] = {}
         self._partitions: dict[str, list[str]] = {}
         self._partitions_at = 0.0
@@ -121,6 +126,10 @@ class PulsarStreamReader(DataSourceStreamReader):
         state = dict(self.__dict__)
         state["_cursors"] = {}
         return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        rd.use_token(self.service_url, self.auth_token)  # a read task's own clients need it too
 
     # ------------------------------------------------------------------ driver side
     def _topic_partitions(self) -> dict[str, list[str]]:

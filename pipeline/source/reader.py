@@ -17,18 +17,31 @@ import time
 from array import array
 from typing import Iterator
 
+from pipeline.config import pulsar_authentication
 from pipeline.errors import SourceError
 from pipeline.source.offsets import EARLIEST, Position, Range
 
 log = logging.getLogger(__name__)
 ARROW_BATCH_ROWS = 8192
 _clients: dict[str, object] = {}
+# The token each broker URL is reached with in this process (``pulsar.auth_token``): the data
+# source sets it from its ``authToken`` option on the driver and in every read task.
+_tokens: dict[str, str] = {}
+
+
+def use_token(service_url: str, token: str | None) -> None:
+    """Reach ``service_url`` with ``token`` (None: no authentication) from this process."""
+    if token:
+        _tokens[service_url] = token
+    else:
+        _tokens.pop(service_url, None)
 
 
 def new_client(service_url: str):
     import pulsar
 
     return pulsar.Client(service_url, operation_timeout_seconds=15, connection_timeout_ms=5000,
+                         authentication=pulsar_authentication(_tokens.get(service_url)),
                          logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
 
 
@@ -104,6 +117,7 @@ def read_range(service_url: str, topic: str, kind: str, rng: Range, read_timeout
             columns["value"].append(message.data())
             columns["publish_time"].append(message.publish_timestamp() * 1000)
             columns["properties"].append(properties)
+            columns["event_time"].append(message.event_timestamp() or None)  # 0: the producer set none
             if len(columns["kind"]) >= ARROW_BATCH_ROWS:
                 yield pa.RecordBatch.from_pydict(columns, schema=schema)
                 columns = _empty_columns()
@@ -220,7 +234,7 @@ def _id_tuple(text: str) -> tuple[int, int, int]:
 
 def _empty_columns() -> dict[str, list]:
     return {name: [] for name in ("kind", "topic", "partition", "message_id", "position", "generation",
-                                  "key", "value", "publish_time", "properties")}
+                                  "key", "value", "publish_time", "properties", "event_time")}
 
 
 def arrow_schema():
@@ -230,11 +244,12 @@ def arrow_schema():
         ("kind", pa.string()), ("topic", pa.string()), ("partition", pa.int32()), ("message_id", pa.string()),
         ("position", pa.int64()), ("generation", pa.int64()), ("key", pa.string()), ("value", pa.binary()),
         ("publish_time", pa.timestamp("us", tz="UTC")), ("properties", pa.string()),
+        ("event_time", pa.int64()),  # epoch ms the producer set, or None
     ])
 
 
 SPARK_SCHEMA = ("kind string, topic string, partition int, message_id string, position long, generation long, "
-                "key string, value binary, publish_time timestamp, properties string")
+                "key string, value binary, publish_time timestamp, properties string, event_time long")
 
 
 class PartitionCursor:
