@@ -156,13 +156,6 @@ def _kind_of(topic: str, topics: dict[str, str]) -> str | None:
 
 @hsettings(max_examples=2, deadline=None, database=None, print_blob=True, phases=[Phase.explicit, Phase.generate],
            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example])
-# Known failure, found at the end of stop 17: on the source as it landed, the driver's look-ahead
-# reader (pipeline/source/reader.py PartitionCursor) loses its broker connection on this stream's
-# changelog poison (non-UTF-8 keys and properties), and the job restarts. It passed only against an
-# unlanded reader. Issue 13 stays open until the look-ahead survives it; strict=False so a fix shows
-# as XPASS rather than failing CI.
-@pytest.mark.xfail(reason="driver look-ahead reader loses its connection on non-UTF-8 changelog keys (issue 13)",
-                   strict=False)
 @example(stream=ORIGINAL_POISON)
 @given(stream=STREAMS)
 def test_poison_among_good_orders_lands_in_one_row_each_and_the_job_stays_up(fuzz_job, stream):

@@ -213,3 +213,33 @@ def test_the_token_reaches_every_reader_and_stays_out_of_plans(spark, broker, un
     rd.use_token("pulsar://127.0.0.1:1", None)
     rd.new_client("pulsar://127.0.0.1:1")
     assert seen[-1] is None
+
+
+def test_look_ahead_reads_on_after_the_broker_drops_its_connection(tmp_path):
+    """A dropped connection is not a failed batch: the cursor reopens at the newest id it has.
+
+    pulsar-lite drops a reader's connection on some of the client's automatic acks when a topic
+    mixes batched and unbatched entries (issue 13, found by fuzzing: tests/test_fuzz_job.py hits
+    it). Here the broker restarts under the cursor; the cursor must read on, with no id lost."""
+    from pipeline.broker import EmbeddedBroker
+    from pipeline.source import reader as rd
+    from pipeline.source.offsets import EARLIEST
+
+    topic = "persistent://public/default/dropped"
+    broker = EmbeddedBroker(tmp_path).start()
+    try:
+        publish(broker.service_url, topic, keyed("orders", [order(n, 1, 1) for n in range(5)]))
+        cursor = rd.PartitionCursor(broker.service_url, topic, "-1", EARLIEST, 0, 1000)
+        try:
+            wait_for(lambda: cursor.poll(0.5) is not None and cursor.known_n >= 5, timeout=30, what="the first 5 ids")
+            broker.stop()
+            broker.start()  # same port and data: the client's connection is gone, the messages are not
+            publish(broker.service_url, topic, keyed("orders", [order(n, 1, 1) for n in range(5, 10)]))
+            wait_for(lambda: cursor.poll(0.5) is not None and cursor.known_n >= 10, timeout=60,
+                     what="the ids after the broker came back")
+            ids = [cursor.id_at(n) for n in range(1, 11)]
+            assert len(set(ids)) == 10 and ids == sorted(ids, key=lambda t: tuple(int(x) for x in t.split(":")))
+        finally:
+            cursor.close()
+    finally:
+        broker.stop()

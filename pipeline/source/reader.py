@@ -315,8 +315,8 @@ class PartitionCursor:
                 mid = self._reader.read_next(wait_ms).message_id()
             except pulsar.Timeout:
                 if not self._reader.is_connected():
-                    # Surface a lost broker as a failure so the restart strategy sees it.
-                    raise SourceError(f"lost the connection to the broker while reading {self.topic!r}") from None
+                    self._reconnect()
+                    continue
                 reached_end = True
                 break
             except Exception as exc:
@@ -343,6 +343,25 @@ class PartitionCursor:
         if reached_end and not read and self._idle_polls % 3 == 0 and len(self._ledgers) < self.max_ahead:
             self._reopen_if_stalled()
         return read
+
+    def _reconnect(self) -> None:
+        """Open a new connection and reader at the newest id seen, or fail if the broker is gone.
+
+        pulsar-lite 0.2.0 drops a connection when a reader's automatic cumulative ack puts its
+        subscription in a state it cannot convert ("out of range integral type conversion"), and
+        the client's own reconnect resubscribes under the same name, whose dispatch then keeps
+        failing. A new reader is a new subscription, so it reads on; a broker that is really
+        down fails to open one, and that failure goes to the restart strategy.
+        """
+        log.warning("reader on %r partition %s lost its connection; reopening at %s", self.topic, self.partition,
+                    self.id_at(self.known_n))
+        self.close()
+        try:
+            self._client = new_client(self._service_url)
+            self._reader = open_reader(self._service_url, partition_topic(self.topic, self.partition),
+                                       self.id_at(self.known_n), client=self._client)
+        except Exception as exc:
+            raise SourceError(f"lost the connection to the broker while reading {self.topic!r}: {exc}") from None
 
     def _reopen_if_stalled(self) -> None:
         """Reopen the reader at the newest id seen if the broker has messages it does not deliver.
