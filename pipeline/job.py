@@ -49,29 +49,61 @@ def summarize_error(text: str) -> str:
 
 
 CHECKPOINT_LAYOUT = "changelog-lookup-v1"  # what the state in a checkpoint was written by
+EVENT_TIME_LAYOUT = "versioned-lookup-v1"  # enrichment.time = event: versions per key, another state shape
 
 
-def check_checkpoint_layout(checkpoint: Path) -> None:
+def checkpoint_layout(settings: Settings) -> str:
+    """The state layout the job writes with these settings (the two time modes cannot share one)."""
+    return EVENT_TIME_LAYOUT if settings["enrichment.time"] == "event" else CHECKPOINT_LAYOUT
+
+
+def check_checkpoint_layout(checkpoint: Path, layout: str = CHECKPOINT_LAYOUT) -> None:
     """Refuse a checkpoint whose state an older job layout wrote; mark a fresh one as ours.
 
     The bucketed Python lookups kept their state in another shape, which Spark cannot read
     into the JVM operator; their checkpoints carry no layout file.
     """
     marker = checkpoint / "layout"
-    if marker.is_file() and marker.read_text().strip() == CHECKPOINT_LAYOUT:
+    if marker.is_file() and marker.read_text().strip() == layout:
         return
     if last_committed_batch(checkpoint) >= 0:
         found = marker.read_text().strip() if marker.is_file() else "the bucketed Python lookups (before the JVM operator)"
         raise ConfigError(f"checkpoint {str(checkpoint)!r} was written by {found} and cannot be restored into "
                           f"this job; move it aside (or delete it) to start fresh from the topics")
     checkpoint.mkdir(parents=True, exist_ok=True)
-    marker.write_text(CHECKPOINT_LAYOUT + "\n")
+    marker.write_text(layout + "\n")
+
+
+class StartupClock:
+    """Seconds each start-up phase took, from the process's own start (imports included)."""
+
+    def __init__(self):
+        self.phases = {"process_and_imports": round(process_age_s(), 2)}
+        self._last = time.monotonic()
+
+    def mark(self, phase: str) -> None:
+        now = time.monotonic()
+        self.phases[phase] = round(now - self._last, 2)
+        self._last = now
+
+    def total_s(self) -> float:
+        return sum(self.phases.values())
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (Linux /proc; 0 where there is none)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter):
     """Start the streaming query (returns the StreamingQuery)."""
     from pipeline.enrich import rules
-    from pipeline.enrich.lookups import LOOKUPS, apply_lookup
+    from pipeline.enrich.lookups import LOOKUPS, apply_event_lookup, apply_lookup, with_event_watermarks
     from pipeline.enrich.parse import parse_batches
     from pipeline.source.datasource import PulsarDataSource
     from pipeline.spark import shuffle_partitions
@@ -94,8 +126,15 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
     # {"kind": "orders", "topic": …, "partition": -1, "message_id": "0:5:-1:2", "position": 42, "key": "1001", "value": b"…"}
     rows = source.mapInArrow(parse_batches, rules.ENVELOPE_SPARK_SCHEMA)
     # {"kind": "orders", "op": "order", "user_id": 17, "item_id": 4, …, "user_state": None, "item_state": None}
-    for lookup in LOOKUPS:
-        rows = apply_lookup(rows, lookup, settings.max_wait_ms)
+    if settings["enrichment.time"] == "event":  # versions as of each order's event time (README "Event time")
+        rows = with_event_watermarks(rows, settings["enrichment.order_time"],
+                                     int(settings["enrichment.out_of_orderness"] * 1000))
+        for lookup in LOOKUPS:
+            rows = apply_event_lookup(rows, lookup, settings.max_wait_ms,
+                                      int(settings["enrichment.allowed_lateness"] * 1000))
+    else:
+        for lookup in LOOKUPS:
+            rows = apply_lookup(rows, lookup, settings.max_wait_ms)
     # {… "user_first_name": "Ada", "user_state": "found", "item_name": "…", "item_state": "missing", "waited_ms": 0}
 
     def write_batch(batch_df, batch_id: int) -> None:
@@ -159,12 +198,15 @@ def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event 
 
     if max_batches < 0:
         raise StatefulStreamsError(f"max_batches {max_batches!r} must be >= 0 (0 = run until stopped)")
+    startup = StartupClock()
     lock = acquire_job_lock(settings, "job")
     own_broker = listener = census = None
     try:
         recover_restore(settings)
-        check_checkpoint_layout(store.checkpoint_dir(settings.data_dir))
+        check_checkpoint_layout(store.checkpoint_dir(settings.data_dir), checkpoint_layout(settings))
+        startup.mark("lock_and_recovery")
         service_url, own_broker = connect_broker(settings)
+        startup.mark("broker")
         metrics_store = MetricsStore(settings.data_dir)
         writer = SinkWriter(settings.data_dir)
         stop = stop or threading.Event()
@@ -183,7 +225,9 @@ def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event 
 
         stop_on_signals(stop)
         ensure_topics(settings, service_url)
+        startup.mark("topics")
         spark = build_spark(settings)
+        startup.mark("spark_session")
         # PySpark's SparkContext installs a SIGINT handler that cancels every job and raises
         # KeyboardInterrupt in the middle of a py4j call; ours stops the query cleanly instead.
         stop_on_signals(stop)
@@ -193,8 +237,9 @@ def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event 
         spark.streams.addListener(listener)
         census = StateCensus(spark, store.checkpoint_dir(settings.data_dir), metrics_store, settings.max_wait_ms).start()
         attempts, delay = settings["job.restart.attempts"], settings["job.restart.delay"]
-        metrics_store.event("job_started", f"job started on {settings['spark.master']} reading {service_url}",
-                            settings=settings.redacted())
+        startup.mark("listeners")
+        metrics_store.event("job_started", f"job started on {settings['spark.master']} reading {service_url} "
+                            f"in {startup.total_s():.1f}s", settings=settings.redacted(), startup_s=startup.phases)
         attempt = 0
         while True:
             last = recover_sinks(writer, settings)
