@@ -11,6 +11,7 @@
 <data_dir>/control/replay/<seq>.json   replay requests the running job picks up
 <data_dir>/control/restore.json        journal of a savepoint restore under way (pipeline/savepoints.py)
 <data_dir>/job.lock                    flock held by the running job (or a restore); the OS drops it when the holder dies
+<data_dir>/sql/<pipeline>/             one SQL pipeline (pipeline/sql/): checkpoint/, staging/, sinks/, metrics/, pipeline.json
 ```
 
 Both the job and the console import this module; it imports nothing heavy.
@@ -79,6 +80,17 @@ def replay_requests_dir(data_dir: Path) -> Path:
 
 def restore_journal_path(data_dir: Path) -> Path:
     return Path(data_dir) / "control" / "restore.json"
+
+
+def sql_pipelines_dir(data_dir: Path) -> Path:
+    return Path(data_dir) / "sql"
+
+
+def sql_dir(data_dir: Path, name: str) -> Path:
+    """The folder of the SQL pipeline ``name`` (letters, digits, '_' and '-')."""
+    if not name or not all(ch.isalnum() or ch in "_-" for ch in name):
+        raise ConfigError(f"SQL pipeline name {name!r} is not allowed; use letters, digits, '_' and '-'")
+    return sql_pipelines_dir(data_dir) / name
 
 
 def job_lock_path(data_dir: Path) -> Path:

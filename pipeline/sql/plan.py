@@ -1,0 +1,303 @@
+"""SQL statements → a pipeline plan: what the seed's Flink SQL subset means, checked at start.
+
+Pure: :func:`build_plan` parses the statements with sqlglot (the Flink dialect of
+pipeline/sql/dialect.py) and returns a :class:`Plan`, or raises :class:`UnsupportedSql` with one
+line naming the clause and what is supported. Nothing here touches Spark or Pulsar.
+
+The supported subset (DESIGN.md §11):
+
+- ``CREATE TABLE name (col TYPE, …, [col TYPE METADATA [FROM '…'] [VIRTUAL]], PRIMARY KEY (k) NOT ENFORCED)
+  WITH ('connector' = 'upsert-pulsar', 'topic' = …, 'key.format' = 'raw', 'value.format' = 'json', …)``:
+  a table over an upsert topic: its latest row per primary key (the message key); an empty payload
+  deletes the key. Payload types: STRING/VARCHAR/CHAR, INT/INTEGER/SMALLINT/TINYINT, BIGINT,
+  DOUBLE/FLOAT/DECIMAL, BOOLEAN.
+- one ``INSERT INTO target (cols) SELECT …`` of one of two shapes:
+  - ``SELECT g…, COUNT(1|*|col) | SUM(col) | MIN(col) | MAX(col) [AS x] … FROM t GROUP BY g…``
+    (the target's primary key is a group column);
+  - ``SELECT cols FROM t [a] [LEFT JOIN t2 [b] ON a.pk = b.pk]…`` (every join on the two
+    tables' primary keys; the target's primary key is the driving table's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlglot
+from sqlglot import exp
+
+from pipeline.errors import StatefulStreamsError
+from pipeline.sql.dialect import Flink, MetadataColumnConstraint
+
+# Declared SQL type -> the envelope's Spark type.
+PAYLOAD_TYPES = {
+    "TEXT": "string", "VARCHAR": "string", "CHAR": "string", "NCHAR": "string", "NVARCHAR": "string",
+    "INT": "int", "SMALLINT": "int", "TINYINT": "int", "BIGINT": "bigint",
+    "DOUBLE": "double", "FLOAT": "double", "DECIMAL": "double", "BOOLEAN": "boolean",
+}
+SUPPORTED_TYPES = "STRING, VARCHAR, CHAR, INT, SMALLINT, TINYINT, BIGINT, DOUBLE, FLOAT, DECIMAL, BOOLEAN"
+AGGREGATES = {exp.Count: "COUNT", exp.Sum: "SUM", exp.Min: "MIN", exp.Max: "MAX"}
+REQUIRED_OPTIONS = {"connector": "upsert-pulsar", "key.format": "raw", "value.format": "json"}
+SHAPES = ("SELECT … FROM t GROUP BY … with COUNT, SUM, MIN, MAX; "
+          "or SELECT … FROM t LEFT JOIN t2 ON t.pk = t2.pk …")
+
+
+class UnsupportedSql(StatefulStreamsError):
+    """A statement outside the supported subset; the message names the clause."""
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    sql_type: str  # as declared, e.g. "INT"
+    spark_type: str | None  # None for a metadata column
+    metadata: bool = False
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    columns: tuple[Column, ...]
+    primary_key: str
+    topic: str
+    options: tuple[tuple[str, str], ...]
+
+    @property
+    def payload_columns(self) -> tuple[Column, ...]:
+        return tuple(column for column in self.columns if not column.metadata)
+
+    def column(self, name: str) -> Column:
+        for column in self.columns:
+            if column.name.lower() == name.lower():
+                return column
+        raise UnsupportedSql(f"table {self.name!r} has no column {name!r}; its columns are "
+                             f"{[c.name for c in self.columns]}")
+
+
+@dataclass(frozen=True)
+class Output:
+    """One target column and where its value comes from."""
+
+    name: str  # the target's column
+    side: int | None  # the source table (index into Plan.sides) of a plain column
+    column: str | None  # its column in that table
+    aggregate: str | None = None  # COUNT, SUM, MIN, MAX
+    argument: str | None = None  # the aggregate's column (None: COUNT(*) / COUNT(1))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A pipeline: source tables (the driving one first), the target, and what fills it."""
+
+    kind: str  # "aggregate" or "join"
+    sides: tuple[Table, ...]
+    target: Table
+    outputs: tuple[Output, ...]
+    group_by: tuple[str, ...]  # columns of sides[0] (aggregate only)
+    statements: tuple[str, ...]
+
+    @property
+    def key_output(self) -> Output:
+        return next(o for o in self.outputs if o.name.lower() == self.target.primary_key.lower())
+
+
+def split_statements(text: str) -> list[str]:
+    """The statements of a script as written, split at sqlglot's semicolon tokens (never inside
+    a string), without leading comment lines."""
+    from sqlglot.tokens import TokenType
+
+    cuts = [token.end + 1 for token in Flink().tokenize(text) if token.token_type == TokenType.SEMICOLON]
+    pieces, start = [], 0
+    for cut in cuts + [len(text)]:
+        piece = "\n".join(line for line in text[start:cut].rstrip().rstrip(";").splitlines()
+                          if not line.lstrip().startswith("--")).strip()
+        if piece:
+            pieces.append(piece)
+        start = cut
+    return pieces
+
+
+def _parse(text: str) -> list[exp.Expression]:
+    try:
+        parsed = sqlglot.parse(text, read=Flink)
+    except sqlglot.errors.ParseError as exc:
+        first = str(exc).splitlines()[0]
+        raise UnsupportedSql(f"SQL does not parse: {first}") from exc
+    return [statement for statement in parsed if statement is not None]
+
+
+def build_plan(text: str, topic_map: dict[str, str] | None = None) -> Plan:
+    """The plan of a script's statements; ``topic_map`` maps a table name (or a topic) to another topic."""
+    statements = _parse(text)
+    tables: dict[str, Table] = {}
+    inserts = []
+    for statement in statements:
+        if isinstance(statement, exp.Create) and statement.kind == "TABLE":
+            table = build_table(statement, topic_map or {})
+            tables[table.name.lower()] = table
+        elif isinstance(statement, exp.Insert):
+            inserts.append(statement)
+        else:
+            raise UnsupportedSql(f"statement {statement.key.upper()} is not supported; supported: "
+                                 "CREATE TABLE … WITH ('connector' = 'upsert-pulsar', …) and INSERT INTO … SELECT …")
+    if len(inserts) != 1:
+        raise UnsupportedSql(f"{len(inserts)} INSERT INTO statements; supported: exactly one INSERT INTO … SELECT … per pipeline")
+    return build_query(inserts[0], tables, tuple(split_statements(text)))
+
+
+def build_table(create: exp.Create, topic_map: dict[str, str]) -> Table:
+    name = create.this.this.name
+    columns, primary_key = [], None
+    for item in create.this.expressions:
+        if isinstance(item, exp.PrimaryKey):
+            keys = [key.name for key in item.expressions]
+            if len(keys) != 1:
+                raise UnsupportedSql(f"table {name!r}: PRIMARY KEY ({', '.join(keys)}) has {len(keys)} columns; "
+                                     "supported: a one-column primary key (the message key)")
+            primary_key = keys[0]
+        elif isinstance(item, exp.ColumnDef):
+            metadata = any(isinstance(c.args.get("kind"), MetadataColumnConstraint) for c in item.constraints)
+            sql_type = item.args["kind"].sql(dialect=Flink)
+            base = item.args["kind"].this.name
+            spark_type = None if metadata else PAYLOAD_TYPES.get(base)
+            if not metadata and spark_type is None:
+                raise UnsupportedSql(f"table {name!r} column {item.name!r}: type {sql_type} is not supported; "
+                                     f"supported: {SUPPORTED_TYPES} (or METADATA columns)")
+            columns.append(Column(item.name, sql_type, spark_type, metadata))
+        else:
+            raise UnsupportedSql(f"table {name!r}: {item.sql(dialect=Flink)!r} is not supported; "
+                                 "supported: columns and PRIMARY KEY (k) NOT ENFORCED")
+    if primary_key is None:
+        raise UnsupportedSql(f"table {name!r} has no PRIMARY KEY; supported: PRIMARY KEY (k) NOT ENFORCED "
+                             "(an upsert table is keyed by its message key)")
+    properties = create.args.get("properties")
+    options = {p.this.name: p.args["value"].name for p in (properties.expressions if properties else [])
+               if isinstance(p, exp.Property)}
+    for key, required in REQUIRED_OPTIONS.items():
+        if options.get(key, "").lower() != required:
+            raise UnsupportedSql(f"table {name!r}: WITH '{key}' = {options.get(key)!r} is not supported; "
+                                 f"supported: '{key}' = '{required}'")
+    if not options.get("topic"):
+        raise UnsupportedSql(f"table {name!r}: WITH has no 'topic'; supported: 'topic' = 'persistent://tenant/ns/name'")
+    topic = topic_map.get(name, topic_map.get(options["topic"], options["topic"]))
+    table = Table(name, tuple(columns), primary_key, topic, tuple(sorted(options.items())))
+    key_column = table.column(primary_key)
+    if key_column.metadata or key_column.spark_type != "string":
+        raise UnsupportedSql(f"table {name!r}: PRIMARY KEY column {primary_key!r} is {key_column.sql_type}; "
+                             "supported: a STRING payload column (the raw message key)")
+    return table
+
+
+def build_query(insert: exp.Insert, tables: dict[str, Table], statements: tuple[str, ...]) -> Plan:
+    target = _table(tables, insert.this.this.name if isinstance(insert.this, exp.Schema) else insert.this.name, "INSERT INTO")
+    names = [i.name for i in insert.this.expressions] if isinstance(insert.this, exp.Schema) else [
+        c.name for c in target.payload_columns]
+    select = insert.expression
+    if not isinstance(select, exp.Select):
+        raise UnsupportedSql(f"INSERT INTO {target.name} {select.key.upper()} is not supported; supported: {SHAPES}")
+    for clause, words in (("where", "WHERE"), ("having", "HAVING"), ("order", "ORDER BY"), ("limit", "LIMIT"),
+                          ("qualify", "QUALIFY"), ("distinct", "DISTINCT"), ("with_", "WITH")):
+        if select.args.get(clause):
+            raise UnsupportedSql(f"{words} is not supported in INSERT INTO {target.name}; supported: {SHAPES}")
+    for name in names:
+        target.column(name)
+    if len(names) != len(select.expressions):
+        raise UnsupportedSql(f"INSERT INTO {target.name} names {len(names)} columns but SELECT gives "
+                             f"{len(select.expressions)}")
+    driving = select.args["from_"].this
+    if not isinstance(driving, exp.Table):
+        raise UnsupportedSql(f"FROM {driving.sql(dialect=Flink)} is not supported; supported: FROM a table")
+    sides = [_table(tables, driving.name, "FROM")]
+    aliases = {(driving.alias_or_name).lower(): 0, driving.name.lower(): 0}
+    for join in select.args.get("joins") or []:
+        side = _join(join, tables, sides, aliases)
+        aliases[join.this.alias_or_name.lower()] = side
+        aliases[join.this.name.lower()] = side
+    group = select.args.get("group")
+    if group and len(sides) > 1:
+        raise UnsupportedSql("GROUP BY over a JOIN is not supported; supported: GROUP BY over one table, or LEFT JOINs without GROUP BY")
+    group_by = tuple(_column(g, sides, aliases, "GROUP BY")[1] for g in group.expressions) if group else ()
+    outputs = []
+    for name, expression in zip(names, select.expressions):
+        inner = expression.this if isinstance(expression, exp.Alias) else expression
+        if type(inner) in AGGREGATES:
+            if not group:
+                raise UnsupportedSql(f"{inner.sql(dialect=Flink)} without GROUP BY is not supported; supported: {SHAPES}")
+            argument = inner.this
+            if isinstance(argument, (exp.Star, exp.Literal)) and type(inner) is exp.Count:
+                column = None
+            elif isinstance(argument, exp.Column):
+                column = _column(argument, sides, aliases, AGGREGATES[type(inner)])[1]
+            else:
+                raise UnsupportedSql(f"{inner.sql(dialect=Flink)} is not supported; supported: COUNT(1), COUNT(*), "
+                                     "COUNT(col), SUM(col), MIN(col), MAX(col)")
+            outputs.append(Output(name, None, None, AGGREGATES[type(inner)], column))
+        elif isinstance(inner, exp.Column):
+            side, column = _column(inner, sides, aliases, "SELECT")
+            if group and column.lower() not in [g.lower() for g in group_by]:
+                raise UnsupportedSql(f"SELECT column {inner.sql(dialect=Flink)!r} is neither grouped nor aggregated")
+            outputs.append(Output(name, side, column))
+        else:
+            raise UnsupportedSql(f"SELECT expression {inner.sql(dialect=Flink)!r} is not supported; supported: "
+                                 "columns and COUNT, SUM, MIN, MAX")
+    plan = Plan("aggregate" if group else "join", tuple(sides), target, tuple(outputs), group_by, statements)
+    _check_key(plan)
+    return plan
+
+
+def _table(tables: dict[str, Table], name: str, clause: str) -> Table:
+    if name.lower() not in tables:
+        raise UnsupportedSql(f"{clause} {name}: no such table; CREATE TABLE it first (tables: {sorted(tables)})")
+    return tables[name.lower()]
+
+
+def _column(column: exp.Expression, sides: list[Table], aliases: dict[str, int], clause: str) -> tuple[int, str]:
+    """(side index, column name) of a column reference."""
+    if not isinstance(column, exp.Column):
+        raise UnsupportedSql(f"{clause} {column.sql(dialect=Flink)!r} is not supported; supported: plain columns")
+    if column.table:
+        if column.table.lower() not in aliases:
+            raise UnsupportedSql(f"{clause} {column.sql(dialect=Flink)!r}: no table or alias {column.table!r}")
+        side = aliases[column.table.lower()]
+    else:
+        found = [i for i, table in enumerate(sides) if any(c.name.lower() == column.name.lower() for c in table.columns)]
+        if len(found) != 1:
+            raise UnsupportedSql(f"{clause} column {column.name!r} is {'ambiguous' if found else 'unknown'}; "
+                                 "qualify it with its table")
+        side = found[0]
+    declared = sides[side].column(column.name)
+    if declared.metadata:
+        raise UnsupportedSql(f"{clause} {column.sql(dialect=Flink)!r} is a METADATA column; supported: payload columns")
+    return side, declared.name
+
+
+def _join(join: exp.Join, tables: dict[str, Table], sides: list[Table], aliases: dict[str, int]) -> int:
+    text = join.sql(dialect=Flink)
+    if join.side != "LEFT" or join.kind or not isinstance(join.this, exp.Table):
+        raise UnsupportedSql(f"{text.strip()!r} is not supported; supported: LEFT JOIN table ON a.pk = b.pk")
+    table = _table(tables, join.this.name, "LEFT JOIN")
+    sides.append(table)
+    index = len(sides) - 1
+    scope = {**aliases, join.this.alias_or_name.lower(): index, table.name.lower(): index}
+    condition = join.args.get("on")
+    if not isinstance(condition, exp.EQ):
+        raise UnsupportedSql(f"{text.strip()!r}: ON must be one equality of primary keys; supported: LEFT JOIN t ON a.pk = t.pk")
+    ends = sorted((_column(condition.this, sides, scope, "ON"), _column(condition.expression, sides, scope, "ON")))
+    (left, left_col), (right, right_col) = ends
+    if left != 0 or right != index or left_col.lower() != sides[0].primary_key.lower() \
+            or right_col.lower() != table.primary_key.lower():
+        raise UnsupportedSql(f"{text.strip()!r}: ON must equate {sides[0].name}.{sides[0].primary_key} with "
+                             f"{table.name}.{table.primary_key}; supported: LEFT JOINs on the primary keys")
+    return index
+
+
+def _check_key(plan: Plan) -> None:
+    key = next((o for o in plan.outputs if o.name.lower() == plan.target.primary_key.lower()), None)
+    if plan.kind == "aggregate":
+        ok = key is not None and key.aggregate is None and len(plan.group_by) == 1 and key.column == plan.group_by[0]
+        wanted = f"the GROUP BY column ({', '.join(plan.group_by)})"
+    else:
+        ok = key is not None and key.side == 0 and key.column.lower() == plan.sides[0].primary_key.lower()
+        wanted = f"{plan.sides[0].name}.{plan.sides[0].primary_key}"
+    if not ok:
+        raise UnsupportedSql(f"INSERT INTO {plan.target.name}: its PRIMARY KEY {plan.target.primary_key!r} must be "
+                             f"filled from {wanted}, so each result row has one key")

@@ -1,0 +1,39 @@
+"""A SQL pipeline's ``progress`` rows: rows in, rows out, lag and state per micro-batch (pure).
+
+Written by the pipeline's query listener into ``<data_dir>/sql/<name>/metrics/progress/``, the
+same append-only JSON Lines as the enrichment job's metrics store (pipeline/metrics.py), which
+the console's SQL pipelines page reads with DuckDB.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from pipeline.metrics import _finite, _offset, topic_rows
+
+
+def build_sql_progress_row(progress: dict, sink_rows: dict | None) -> dict:
+    """Our row from Spark's StreamingQueryProgress JSON and the batch's sink counts::
+
+        {"ts_ms": …, "batch_id": 7, "rows_in": 5, "rows_out": 2, "dead_letters": 0, "lag": 0,
+         "topics": [{"topic": "users", "rows": 5, "backlog": 0, …}], "state_rows": 4, …}
+    """
+    ts = int(datetime.strptime(progress["timestamp"], "%Y-%m-%dT%H:%M:%S.%fZ")
+             .replace(tzinfo=timezone.utc).timestamp() * 1000)
+    source = (progress.get("sources") or [{}])[0]
+    topics = topic_rows(_offset(source.get("startOffset")), _offset(source.get("endOffset")),
+                        _offset(source.get("latestOffset")))
+    backlogs = [topic["backlog"] for topic in topics if topic["backlog"] is not None]
+    operators = progress.get("stateOperators") or []
+    counts = sink_rows or {}
+    return {
+        "ts": progress["timestamp"], "ts_ms": ts, "query_id": progress.get("id"), "batch_id": progress["batchId"],
+        "rows_in": progress.get("numInputRows", 0), "rows_out": counts.get("result", 0),
+        "dead_letters": counts.get("dead_letter", 0),
+        "input_rows_per_second": _finite(progress.get("inputRowsPerSecond")),
+        "processed_rows_per_second": _finite(progress.get("processedRowsPerSecond")),
+        "batch_duration_ms": progress.get("batchDuration", 0),
+        "lag": sum(backlogs) if backlogs else None, "topics": topics,
+        "state_rows": sum(op.get("numRowsTotal", 0) for op in operators),
+        "state_memory_bytes": sum(op.get("memoryUsedBytes", 0) for op in operators),
+    }

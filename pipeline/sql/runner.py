@@ -1,0 +1,253 @@
+"""Runs one SQL pipeline as a Spark streaming query, restartable from its own checkpoint.
+
+``python -m pipeline sql FILE.sql [--name NAME]`` calls :func:`run_sql_pipeline`. The query::
+
+    pulsar source (one kind per table) ─ mapInArrow(envelope) ─ UpsertJoin (keyed by primary key)
+      [─ GroupAggregate (keyed by group) for GROUP BY] ─ foreachBatch(topic + Parquet sinks)
+
+Everything of a pipeline lives under ``<data_dir>/sql/<name>/`` (pipeline/store.py):
+``checkpoint/``, ``staging/`` and ``sinks/`` (pipeline/sql/sink.py), ``metrics/`` (progress
+and events, as the job's metrics store) and ``pipeline.json`` (its statements, tables and
+topics, for the console). A ``pipeline.lock`` flock keeps one process per pipeline; several
+pipelines, each named, run side by side (each its own process or query).
+
+Guarantees: the Parquet sinks are exactly-once for a glob reader across ``kill -9`` (staged,
+published after Spark's commit); the topic gets each batch's rows at least once (an upsert
+topic absorbs a re-sent batch). On failure the query restarts from its checkpoint up to
+``job.restart.attempts`` times, ``job.restart.delay`` apart; each attempt is an event.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import threading
+from pathlib import Path
+
+from pipeline import store
+from pipeline.config import Settings
+from pipeline.errors import ConfigError, ControlError, StatefulStreamsError
+from pipeline.metrics import MetricsStore
+from pipeline.sinks import last_committed_batch
+from pipeline.sql.envelope import envelope_ddl, make_parser, used_columns, field_name
+from pipeline.sql.plan import Plan
+from pipeline.sql.progress import build_sql_progress_row
+from pipeline.sql.sink import SqlSinkWriter, build_dead_letters, build_messages, build_result, send_messages
+
+log = logging.getLogger(__name__)
+PIPELINE_FILE = "pipeline.json"
+
+
+class SqlPipelineFailed(StatefulStreamsError):
+    """The pipeline stopped: its restart attempts are spent."""
+
+
+def name_from_path(path: str) -> str:
+    """A pipeline name from a .sql file name: its stem, other characters as '-'."""
+    stem = Path(path).stem
+    return "".join(ch if ch.isalnum() or ch in "_-" else "-" for ch in stem) or "sql"
+
+
+def plan_fingerprint(plan: Plan) -> str:
+    """Changes when the state layout would: the tables' used columns and the query's outputs."""
+    text = json.dumps([used_columns(plan), [o.__dict__ for o in plan.outputs], plan.kind, plan.group_by,
+                       [t.name for t in plan.sides]], default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def describe_pipeline(plan: Plan, name: str) -> dict:
+    """What ``pipeline.json`` says (read by the console)."""
+    return {"name": name, "kind": plan.kind, "statements": list(plan.statements), "fingerprint": plan_fingerprint(plan),
+            "sources": {t.name: t.topic for t in plan.sides}, "target": plan.target.name,
+            "target_topic": plan.target.topic, "primary_key": plan.target.primary_key,
+            "columns": [c.name for c in plan.target.payload_columns]}
+
+
+def check_checkpoint(root: Path, plan: Plan, name: str) -> None:
+    """Refuse a checkpoint that other statements wrote (its state has another layout)."""
+    info = root / PIPELINE_FILE
+    if last_committed_batch(root / "checkpoint") >= 0 and info.is_file():
+        old = json.loads(info.read_text()).get("fingerprint")
+        if old != plan_fingerprint(plan):
+            raise ConfigError(f"SQL pipeline {name!r} has a checkpoint under {str(root)!r} written by other "
+                              "statements; give these statements another --name, or delete that folder to start over")
+
+
+def lock_pipeline(root: Path, name: str) -> int:
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / "pipeline.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise ControlError(f"SQL pipeline {name!r} already runs (lock {str(root / 'pipeline.lock')!r}); "
+                           "stop it first or use another --name") from None
+    return fd
+
+
+def apply_operators(rows, plan: Plan):
+    """The envelope rows through UpsertJoin (and GroupAggregate for GROUP BY), on the JVM.
+
+    # in:  {"key": "100-1", "side": 0, "op": "upsert", "s0_accountId": "100", …}
+    # out (join):      {"key": "100-1", "op": "after"|"delete"|"dead", "s0_accountId": "100", "s1_favoriteColor": …}
+    # out (aggregate): {"op": "upsert"|"delete"|"dead", "s0_accountId": "100", "agg1": 2, …}
+    """
+    from pyspark.sql import DataFrame
+    from pyspark.sql import functions as F
+
+    spark = rows.sparkSession
+    jvm = spark._jvm.statefulstreams
+    used = used_columns(plan)
+    sides = ";".join(",".join(field_name(s, c) for s, c in used if s == side) for side in range(len(plan.sides)))
+    aggregate = plan.kind == "aggregate"
+    out = DataFrame(jvm.UpsertJoin.apply(rows._jdf, "key", "side", "op", sides, "source_partition,position", aggregate), spark)
+    if not aggregate:
+        return out
+    groups = [field_name(0, column) for column in plan.group_by]
+    out = out.withColumn("group_key", F.to_json(F.array(*[F.col(g).cast("string") for g in groups])))
+    specs = ",".join(f"{o.aggregate}:{field_name(0, o.argument) if o.argument else ''}:agg{i}"
+                     for i, o in enumerate(plan.outputs) if o.aggregate)
+    return DataFrame(jvm.GroupAggregate.apply(out._jdf, "group_key", "key", "op", ",".join(groups), specs), spark)
+
+
+def build_query(spark, settings: Settings, plan: Plan, name: str, service_url: str, writer: SqlSinkWriter, producer):
+    from pipeline.source.datasource import PulsarDataSource
+
+    spark.dataSource.register(PulsarDataSource)
+    topics = ",".join(f"{table.name}={table.topic}" for table in plan.sides)
+    source = (spark.readStream.format("pulsar").option("service_url", service_url).option("topics", topics)
+              .option("maxRowsPerBatch", settings["job.max_rows_per_batch"]).option("startingOffsets", "earliest").load())
+    # {"kind": "users", "topic": …, "partition": -1, "message_id": "…", "position": 3, "key": "100-1", "value": b"…"}
+    rows = source.mapInArrow(make_parser(plan), envelope_ddl(plan))
+    out = apply_operators(rows, plan)
+
+    def write_batch(batch_df, batch_id: int) -> None:
+        import time
+
+        table = batch_df.toArrow()
+        now = int(time.time() * 1000)
+        result = build_result(plan, table, batch_id, now)
+        send_messages(producer, build_messages(plan, result))
+        writer.stage_batch({"result": result, "dead_letter": build_dead_letters(table, batch_id, now)}, batch_id)
+
+    interval_ms = int(settings["job.trigger_interval"] * 1000)
+    return (out.writeStream.queryName(f"sql-{name}").foreachBatch(write_batch)
+            .option("checkpointLocation", str(store.sql_dir(settings.data_dir, name) / "checkpoint"))
+            .trigger(processingTime=f"{interval_ms} milliseconds").start())
+
+
+def make_listener(query_name: str, metrics: MetricsStore, writer: SqlSinkWriter, checkpoint: Path, on_batch):
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    class SqlListener(StreamingQueryListener):
+        """Publishes this pipeline's committed batches and appends its progress rows."""
+
+        def onQueryStarted(self, event) -> None:
+            pass
+
+        def onQueryIdle(self, event) -> None:
+            pass
+
+        def onQueryTerminated(self, event) -> None:
+            pass
+
+        def onQueryProgress(self, event) -> None:
+            try:
+                if event.progress.name != query_name:
+                    return
+                progress = json.loads(event.progress.json)
+                batch_id = progress["batchId"]
+                try:
+                    writer.publish_committed(last_committed_batch(checkpoint))
+                except StatefulStreamsError as exc:
+                    log.error("%s", exc)
+                metrics.append("progress", build_sql_progress_row(progress, writer.last_counts.get(batch_id)))
+                on_batch(batch_id)
+            except Exception:  # a listener error must never take the pipeline down; it is logged
+                log.exception("SQL pipeline listener failed on a progress event")
+
+    return SqlListener()
+
+
+def run_sql_pipeline(settings: Settings, plan: Plan, name: str, max_batches: int = 0,
+                     stop: threading.Event | None = None, spark=None) -> None:
+    """Run the pipeline until stopped (``stop``, Ctrl-C / SIGTERM), ``max_batches`` are done, or it fails for good."""
+    from pyspark.errors import StreamingQueryException
+
+    from pipeline.job import connect_broker, finish_batch_in_flight, stop_on_signals, summarize_error
+    from pipeline.producers import create_producer
+    from pipeline.topics import make_client
+
+    root = store.sql_dir(store.ensure_data_dir(settings.data_dir), name)
+    fd = lock_pipeline(root, name)
+    own_broker = client = listener = None
+    try:
+        check_checkpoint(root, plan, name)
+        (root / PIPELINE_FILE).write_text(json.dumps(describe_pipeline(plan, name), indent=2) + "\n")
+        checkpoint = root / "checkpoint"
+        metrics = MetricsStore(root)
+        writer = SqlSinkWriter(root)
+        stop = stop or threading.Event()
+        stop_on_signals(stop)
+        service_url, own_broker = connect_broker(settings)
+        client = make_client(service_url, token=settings["pulsar.auth_token"])
+        producer = create_producer(client, plan.target.topic)
+        if spark is None:
+            from pipeline.spark import build_spark
+
+            spark = build_spark(settings, app_name=f"sql-{name}")
+            stop_on_signals(stop)
+        done = [0]
+
+        def on_batch(_batch_id: int) -> None:
+            done[0] += 1
+            if max_batches and done[0] >= max_batches:
+                stop.set()
+
+        listener = make_listener(f"sql-{name}", metrics, writer, checkpoint, on_batch)
+        spark.streams.addListener(listener)
+        metrics.event("sql_started", f"SQL pipeline {name!r} started: {plan.kind} into {plan.target.topic}",
+                      sources={t.name: t.topic for t in plan.sides})
+        attempts, delay = settings["job.restart.attempts"], settings["job.restart.delay"]
+        attempt = 0
+        while True:
+            last = last_committed_batch(checkpoint)
+            writer.publish_committed(last)
+            writer.discard_uncommitted(last)
+            query = build_query(spark, settings, plan, name, service_url, writer, producer)
+            try:
+                while query.isActive and not stop.is_set() and writer.failure is None:
+                    query.awaitTermination(0.5)
+                if stop.is_set() or writer.failure is not None:
+                    finish_batch_in_flight(query)
+                    query.stop()
+                    writer.publish_committed(last_committed_batch(checkpoint))
+                    if writer.failure is not None:
+                        metrics.event("sql_failed", f"SQL pipeline {name!r} stopped: {writer.failure}")
+                        raise writer.failure
+                    metrics.event("sql_stopped", f"SQL pipeline {name!r} stopped after batch {last_committed_batch(checkpoint)}")
+                    return
+                query.awaitTermination()
+                return
+            except StreamingQueryException as exc:
+                error = summarize_error(exc.getMessage() if hasattr(exc, "getMessage") else str(exc))
+                attempt += 1
+                if attempt > attempts:
+                    metrics.event("sql_failed", f"SQL pipeline {name!r} failed after {attempts} restarts: {error}", error=error)
+                    raise SqlPipelineFailed(f"SQL pipeline {name!r} failed after {attempts} restart attempts: {error}") from None
+                metrics.event("restart", f"restart {attempt}/{attempts} in {delay:g}s after: {error}",
+                              attempt=attempt, max_attempts=attempts, error=error)
+                if stop.wait(delay):
+                    metrics.event("sql_stopped", f"SQL pipeline {name!r} stopped while waiting to restart")
+                    return
+    finally:
+        if listener is not None:
+            spark.streams.removeListener(listener)
+        if client is not None:
+            client.close()
+        if own_broker is not None:
+            own_broker.stop()
+        os.close(fd)

@@ -1,0 +1,188 @@
+"""A SQL pipeline's outputs: the upsert topic, and the Parquet change table DuckDB reads.
+
+Per micro-batch the query's output rows (one per changed key: an upsert or a delete) become:
+
+- **messages on the target topic**, keyed by the primary key, the row as JSON in the target
+  table's column order (``{"accountId":"100","userCount":2}``), an empty payload for a delete.
+  Sent and flushed inside the batch, before Spark commits it, so at-least-once: a batch re-run
+  after a crash sends the same messages again, which an upsert topic absorbs (same key, same row).
+- **the ``result`` sink**: Parquet change rows ``_key, _op, <target columns>, _batch_id,
+  _changed_at`` under ``<data_dir>/sql/<name>/sinks/result/batch=<id>/``; the current result is
+  the latest row per ``_key`` whose ``_op`` is ``upsert`` (app/sql_queries.py). Exactly-once for
+  a glob reader, as pipeline/sinks.py: staged under ``staging/``, renamed in only once Spark has
+  committed the batch (from the query listener, and at start-up). A batch has at most one row
+  per key, so "latest" is the highest ``_batch_id``.
+- **the ``dead_letter`` sink**: the job's dead-letter columns (pipeline/sinks.py), same protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from pipeline import store
+from pipeline.errors import SinkError
+from pipeline.sinks import SCHEMAS, TS
+from pipeline.sql.envelope import field_name
+from pipeline.sql.plan import Plan
+
+SQL_SINKS = ("result", "dead_letter")
+ARROW_TYPES = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(), "double": pa.float64(),
+               "boolean": pa.bool_()}
+UPSERT_OPS = ("after", "upsert")
+
+
+def result_schema(plan: Plan) -> pa.Schema:
+    columns = [(c.name, ARROW_TYPES[c.spark_type]) for c in plan.target.payload_columns]
+    return pa.schema([("_key", pa.string()), ("_op", pa.string())] + columns
+                     + [("_batch_id", pa.int64()), ("_changed_at", TS)])
+
+
+def output_field(plan: Plan, name: str) -> str | None:
+    """The query output's column that fills target column ``name`` (None: not inserted, null)."""
+    for index, output in enumerate(plan.outputs):
+        if output.name.lower() == name.lower():
+            if output.aggregate:
+                return f"agg{index}"
+            return field_name(output.side, output.column)
+    return None
+
+
+def build_result(plan: Plan, rows: pa.Table, batch_id: int, now_ms: int) -> pa.Table:
+    """The batch's ``result`` rows from the query's output rows (upserts and deletes only)."""
+    schema = result_schema(plan)
+    ops = rows["op"]
+    changed = rows.filter(pc.is_in(ops, pa.array(list(UPSERT_OPS) + ["delete"])))
+    n = changed.num_rows
+    is_delete = pc.equal(changed["op"], "delete")
+    columns = {"_op": pc.if_else(is_delete, "delete", "upsert")}
+    for column in plan.target.payload_columns:
+        source = output_field(plan, column.name)
+        values = changed[source] if source else pa.nulls(n)
+        columns[column.name] = pc.if_else(is_delete, pa.nulls(n, ARROW_TYPES[column.spark_type]),
+                                          values.cast(ARROW_TYPES[column.spark_type]))
+    # A join's rows (deletes too) carry the driving primary key, which is the target's; an
+    # aggregate's carry their group values, deletes included.
+    key_field = "key" if plan.kind == "join" else output_field(plan, plan.target.primary_key)
+    columns["_key"] = changed[key_field].cast(pa.string())
+    columns["_batch_id"] = pa.array([batch_id] * n, pa.int64())
+    columns["_changed_at"] = pa.array([now_ms] * n, pa.int64()).cast(TS)
+    return pa.Table.from_arrays([columns[f.name] for f in schema], schema=schema)
+
+
+def build_dead_letters(rows: pa.Table, batch_id: int, now_ms: int) -> pa.Table:
+    dead = rows.filter(pc.equal(rows["op"], "dead"))
+    n = dead.num_rows
+    schema = SCHEMAS["dead_letter"]
+    columns = {"source_topic": dead["source_topic"], "source_partition": dead["source_partition"].cast(pa.int32()),
+               "source_message_id": dead["source_message_id"], "key": dead["key"], "payload": dead["payload"],
+               "error": dead["error"], "published_at": dead["published_ms"].cast(pa.int64()).cast(TS),
+               "detected_at": pa.array([now_ms] * n, pa.int64()).cast(TS),
+               "batch_id": pa.array([batch_id] * n, pa.int64())}
+    return pa.Table.from_arrays([columns[f.name].cast(f.type) for f in schema], schema=schema)
+
+
+def build_messages(plan: Plan, result: pa.Table) -> list[tuple[str, bytes]]:
+    """(key, payload) per result row: the target's columns as JSON, b"" for a delete."""
+    names = [c.name for c in plan.target.payload_columns]
+    messages = []
+    for row in result.select(["_key", "_op"] + names).to_pylist():
+        payload = b"" if row["_op"] == "delete" else json.dumps(
+            {name: row[name] for name in names}, separators=(",", ":")).encode()
+        messages.append((row["_key"], payload))
+    return messages
+
+
+def send_messages(producer, messages: list[tuple[str, bytes]]) -> None:
+    """Send and flush; a failed send raises (the batch fails and Spark re-runs it)."""
+    import pulsar
+
+    errors = []
+
+    def on_ack(result, _message_id) -> None:
+        if result != pulsar.Result.Ok:
+            errors.append(str(result))
+
+    for key, payload in messages:
+        producer.send_async(payload, on_ack, partition_key=key)
+    producer.flush()
+    if errors:
+        raise SinkError(f"sending to topic {producer.topic()!r} failed: {errors[0]} ({len(errors)} messages)")
+
+
+class SqlSinkWriter:
+    """Stages a SQL pipeline's batches and publishes the committed ones (see the module docstring)."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)  # <data_dir>/sql/<name>
+        self.last_counts: dict[int, dict[str, int]] = {}
+        self.failure: SinkError | None = None
+
+    def folder(self, kind: str, sink: str, batch_id: int | None = None) -> Path:
+        base = self.root / kind / sink
+        return base if batch_id is None else base / store.batch_folder(batch_id)
+
+    def stage_batch(self, tables: dict[str, pa.Table], batch_id: int) -> dict[str, int]:
+        if self.failure is not None:
+            raise SinkError(str(self.failure))
+        counts = {}
+        for sink in SQL_SINKS:
+            folder = self.folder("staging", sink, batch_id)
+            table = tables.get(sink)
+            counts[sink] = 0 if table is None else table.num_rows
+            try:
+                if folder.exists():
+                    shutil.rmtree(folder)  # a failed earlier attempt of this batch
+                if not counts[sink]:
+                    continue
+                folder.mkdir(parents=True, exist_ok=True)
+                tmp = folder / "part-00000.parquet.tmp"
+                pq.write_table(table, tmp, compression="zstd")
+                with open(tmp, "rb") as handle:
+                    os.fsync(handle.fileno())
+                os.replace(tmp, folder / "part-00000.parquet")
+            except OSError as exc:
+                raise SinkError(f"cannot write SQL sink {sink!r} batch {batch_id} under {str(folder)!r}: "
+                                f"{exc.strerror or exc}") from exc
+        self.last_counts[batch_id] = counts
+        if len(self.last_counts) > 100:
+            self.last_counts.pop(min(self.last_counts))
+        return counts
+
+    def staged(self, sink: str) -> list[int]:
+        root = self.folder("staging", sink)
+        return sorted(int(p.name.split("=", 1)[1]) for p in root.glob("batch=*")) if root.exists() else []
+
+    def publish_committed(self, last_committed: int) -> int:
+        moved = 0
+        for sink in SQL_SINKS:
+            for batch_id in self.staged(sink):
+                if batch_id > last_committed:
+                    continue
+                source, target = self.folder("staging", sink, batch_id), self.folder("sinks", sink, batch_id)
+                try:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    if target.exists():
+                        shutil.rmtree(target)
+                    os.rename(source, target)
+                    moved += 1
+                except OSError as exc:
+                    self.failure = self.failure or SinkError(f"cannot publish {str(source)!r} to {str(target)!r}: "
+                                                             f"{exc.strerror or exc}")
+                    raise self.failure from exc
+        return moved
+
+    def discard_uncommitted(self, last_committed: int) -> int:
+        dropped = 0
+        for sink in SQL_SINKS:
+            for batch_id in self.staged(sink):
+                if batch_id > last_committed:
+                    shutil.rmtree(self.folder("staging", sink, batch_id), ignore_errors=True)
+                    dropped += 1
+        return dropped

@@ -1,0 +1,101 @@
+"""What SQL the pipelines accept, what they make of it, and how they refuse the rest (no Spark)."""
+
+from __future__ import annotations
+
+import re
+
+import pyarrow as pa
+import pytest
+
+from pipeline.sql.envelope import decide_row, envelope_fields, table_specs
+from pipeline.sql.plan import UnsupportedSql, build_plan, split_statements
+from pipeline.sql.sink import build_dead_letters, build_messages, build_result
+from sqlhelp import COUNT_SQL, JOIN_SQL
+
+TABLE = """CREATE TABLE {name} ({columns}, PRIMARY KEY ({key}) NOT ENFORCED) WITH ('connector' = 'upsert-pulsar',
+ 'topic' = 'persistent://public/default/{name}', 'key.format' = 'raw', 'value.format' = 'json');"""
+USERS = TABLE.format(name="users", columns="uid STRING, accountId STRING, id INT, score DOUBLE", key="uid")
+COUNTS = TABLE.format(name="counts", columns="accountId STRING, n BIGINT", key="accountId")
+
+
+def test_the_seeds_count_statements_plan_an_aggregate():
+    plan = build_plan(COUNT_SQL.read_text(), {"users": "persistent://public/default/users-x"})
+    assert plan.kind == "aggregate" and plan.group_by == ("accountId",)
+    assert [t.topic for t in plan.sides] == ["persistent://public/default/users-x"]
+    assert plan.target.topic == "persistent://public/default/user_count_by_account"
+    assert [(o.name, o.aggregate, o.argument) for o in plan.outputs] == [("accountId", None, None), ("userCount", "COUNT", None)]
+    assert [c.name for c in plan.sides[0].columns if c.metadata] == ["eventTime", "properties", "topic", "sequenceId"]
+    assert plan.statements[2].startswith("INSERT INTO user_count_by_account (accountId, userCount)")
+
+
+def test_the_seeds_join_statements_plan_a_three_way_left_join():
+    plan = build_plan(JOIN_SQL.read_text())
+    assert plan.kind == "join"
+    assert [t.name for t in plan.sides] == ["users", "user_favorite_color", "user_favorite_cheese"]
+    assert [(o.name, o.side, o.column) for o in plan.outputs] == [
+        ("accountId", 0, "accountId"), ("userUid", 0, "uid"), ("favoriteColor", 1, "favoriteColor"),
+        ("favoriteCheese", 2, "favoriteCheese")]
+    assert len(plan.statements) == 5
+
+
+def test_statements_split_at_semicolons_outside_strings():
+    assert split_statements("-- note\nSELECT 'a;b';\n\nSELECT 2;") == ["SELECT 'a;b'", "SELECT 2"]
+
+
+@pytest.mark.parametrize("query, message", [
+    ("INSERT INTO counts (accountId, n) SELECT accountId, COUNT(1) FROM users WHERE id > 1 GROUP BY accountId",
+     "WHERE is not supported in INSERT INTO counts; supported: SELECT … FROM t GROUP BY …"),
+    ("INSERT INTO counts (accountId, n) SELECT accountId, AVG(score) FROM users GROUP BY accountId",
+     "SELECT expression 'AVG(score)' is not supported; supported: columns and COUNT, SUM, MIN, MAX"),
+    ("INSERT INTO counts (accountId, n) SELECT u.accountId, u.id FROM users u JOIN counts c ON u.uid = c.accountId",
+     "is not supported; supported: LEFT JOIN table ON a.pk = b.pk"),
+    ("INSERT INTO counts (accountId, n) SELECT u.accountId, u.id FROM users u LEFT JOIN counts c ON u.accountId = c.accountId",
+     "ON must equate users.uid with counts.accountId; supported: LEFT JOINs on the primary keys"),
+    ("INSERT INTO counts (n, accountId) SELECT accountId, COUNT(1) FROM users GROUP BY accountId",
+     "its PRIMARY KEY 'accountId' must be filled from the GROUP BY column (accountId)"),
+    ("DELETE FROM users", "statement DELETE is not supported; supported: CREATE TABLE"),
+    ("INSERT INTO nowhere (a) SELECT uid FROM users", "INSERT INTO nowhere: no such table"),
+])
+def test_unsupported_statements_fail_with_one_line_naming_the_clause(query, message):
+    with pytest.raises(UnsupportedSql, match=re.escape(message)) as caught:
+        build_plan(f"{USERS}\n{COUNTS}\n{query};")
+    assert "\n" not in str(caught.value)
+
+
+def test_a_table_must_be_an_upsert_pulsar_table_with_supported_types():
+    with pytest.raises(UnsupportedSql, match=re.escape("WITH 'connector' = 'kafka' is not supported; supported: 'connector' = 'upsert-pulsar'")):
+        build_plan(USERS.replace("upsert-pulsar", "kafka"))
+    with pytest.raises(UnsupportedSql, match=re.escape("table 'users' column 'tags': type ARRAY<STRING> is not supported")):
+        build_plan(TABLE.format(name="users", columns="uid STRING, tags ARRAY<STRING>", key="uid"))
+
+
+def test_a_value_of_the_wrong_type_names_the_table_and_column():
+    plan = build_plan(COUNT_SQL.read_text())
+    spec = table_specs(plan)["users"]
+    assert decide_row(spec, "users", "100-1", b'{"uid":"100-1","accountId":"100","id":1}') == (
+        "upsert", {"s0_accountId": "100"}, None)
+    assert decide_row(spec, "users", "100-1", b"") == ("delete", {}, None)
+    assert decide_row(spec, "users", "100-1", b'{"uid":"100-1","id":"1"}')[2] == (
+        "table 'users' column 'id': expected INT, got string \"1\"")
+    assert decide_row(spec, "users", "100-1", b'{"id": 3000000000}')[2] == (
+        "table 'users' column 'id': expected INT, got number 3000000000")
+    assert decide_row(spec, "users", "100-1", b"[1]")[2] == "table 'users': payload is a JSON array, not an object"
+    assert decide_row(spec, "users", "100-1", b"\xff")[2] == "table 'users': payload is not valid UTF-8"
+    assert decide_row(spec, "users", None, b"{}")[2].startswith("table 'users': message has no key")
+    assert [name for name, _ in envelope_fields(plan)][-1] == "s0_accountId"
+
+
+def test_result_rows_and_topic_messages_in_the_seeds_json():
+    plan = build_plan(COUNT_SQL.read_text())
+    rows = pa.table({"op": ["upsert", "delete", "dead", "before"], "key": [None, None, "x", "y"],
+                     "s0_accountId": ["101", "100", None, None], "agg1": [3, None, None, None],
+                     "source_topic": [None, None, "users", None], "source_partition": [None, None, -1, None],
+                     "source_message_id": [None, None, "1:2:-1:-1", None], "payload": [None, None, "{", None],
+                     "error": [None, None, "bad", None], "published_ms": [None, None, 1, None]})
+    result = build_result(plan, rows, 7, 1_000)
+    assert result.select(["_key", "_op", "accountId", "userCount", "_batch_id"]).to_pylist() == [
+        {"_key": "101", "_op": "upsert", "accountId": "101", "userCount": 3, "_batch_id": 7},
+        {"_key": "100", "_op": "delete", "accountId": None, "userCount": None, "_batch_id": 7}]
+    assert build_messages(plan, result) == [("101", b'{"accountId":"101","userCount":3}'), ("100", b"")]
+    assert build_dead_letters(rows, 7, 1_000).select(["key", "error", "batch_id"]).to_pylist() == [
+        {"key": "x", "error": "bad", "batch_id": 7}]
