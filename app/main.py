@@ -42,5 +42,8 @@ navigation = st.navigation({
         st.Page(PAGES / "missing_state.py", title="Missing state", icon=":material/person_search:"),
         st.Page(PAGES / "replay.py", title="Replay", icon=":material/replay:"),
     ],
+    "SQL": [
+        st.Page(PAGES / "sql_pipelines.py", title="SQL pipelines", icon=":material/table_chart:"),
+    ],
 })
 navigation.run()

@@ -105,38 +105,9 @@ def cmd_run(args, settings):
 
 
 def cmd_sql(args, settings):
-    from pathlib import Path
+    from pipeline.sql.launch import launch
 
-    from pipeline.errors import ConfigError
-    from pipeline.sql.plan import build_plan
-    from pipeline.sql.runner import name_from_path, run_sql_pipeline
-
-    if bool(args.file) == bool(args.statement):
-        raise ConfigError("give a .sql file or --statement (repeatable), not both and not neither")
-    try:
-        text = Path(args.file).read_text(encoding="utf-8") if args.file else ";\n".join(args.statement)
-    except OSError as exc:
-        raise ConfigError(f"cannot read SQL file {args.file!r}: {exc.strerror or exc}") from exc
-    topics = {}
-    for pair in args.topic or []:
-        table, sep, topic = pair.partition("=")
-        if not sep or not table or "://" not in topic:
-            raise ConfigError(f"--topic {pair!r} is not TABLE=persistent://tenant/ns/topic")
-        topics[table] = topic
-    plan = build_plan(text, topics)
-    name = args.name or (name_from_path(args.file) if args.file else "sql")
-    if args.check:
-        sources = ", ".join(f"{t.name} <- {t.topic}" for t in plan.sides)
-        print(f"{name}: {plan.kind} of {sources} into {plan.target.name} -> {plan.target.topic}")
-        return 0
-    try:
-        run_sql_pipeline(settings, plan, name, max_batches=args.max_batches)
-    finally:
-        from pyspark.sql import SparkSession
-
-        session = SparkSession.getActiveSession()
-        if session is not None:
-            session.stop()
+    return launch(settings, args.files, args.statement, args.name, args.topic, args.check, args.samples, args.max_batches)
 
 
 def cmd_savepoint(args, settings):
@@ -265,11 +236,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-batches", type=whole_number(0), default=0, help="stop after this many micro-batches (0 = never)")
 
     sql = add("sql", cmd_sql, "run SQL statements (CREATE TABLE … upsert-pulsar, INSERT INTO … SELECT) as a streaming pipeline")
-    sql.add_argument("file", nargs="?", help="a .sql file of statements separated by ';' (see data/sql/)")
+    sql.add_argument("files", nargs="*", metavar="FILE", help="a .sql file of statements separated by ';' (see data/sql/); "
+                     "several run side by side on one Spark session, each named by its file")
     sql.add_argument("--statement", action="append", help="one statement (repeatable, instead of a file)")
     sql.add_argument("--name", help="the pipeline's name: its folder under <data_dir>/sql/ (default: the file's stem)")
     sql.add_argument("--topic", action="append", metavar="TABLE=TOPIC", help="read or write this table on another topic")
     sql.add_argument("--check", action="store_true", help="check the statements, print the plan and exit")
+    sql.add_argument("--samples", action="store_true", help="first publish each file's sample messages (NAME.messages.jsonl beside it)")
     sql.add_argument("--max-batches", type=whole_number(0), default=0, help="stop after this many micro-batches (0 = never)")
 
     savepoint = add("savepoint", cmd_savepoint, "take, list or restore savepoints")

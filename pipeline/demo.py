@@ -1,4 +1,4 @@
-"""``make demo``: broker, producers, job and console on one machine, stopped together by Ctrl-C.
+"""``make demo``: broker, producers, job, SQL pipelines and console on one machine, stopped together by Ctrl-C.
 
 Each part is its own ``python -m pipeline …`` process, so the demo shows exactly what an
 operator would run by hand. Children get a parent-death signal: none outlives the demo. They
@@ -21,6 +21,16 @@ from pipeline.config import Settings
 from pipeline.errors import BrokerError
 
 DATA = Path(__file__).resolve().parent.parent / "data"
+# The seed's SQL examples (data/sql/), each table on a topic of its own beside the job's.
+SQL_FILES = ("user_count_by_account.sql", "user_favorite_color_and_cheese.sql")
+SQL_TABLES = ("users", "user_favorite_color", "user_favorite_cheese", "user_count_by_account",
+              "user_favorite_color_and_cheese")
+
+
+def sql_args() -> list[str]:
+    """``python -m pipeline sql`` arguments of the demo: both examples, their samples, their own topics."""
+    topics = [f"--topic={table}=persistent://public/default/sql-{table}" for table in SQL_TABLES]
+    return ["sql", *(str(DATA / "sql" / name) for name in SQL_FILES), "--samples", *topics]
 
 
 class Processes:
@@ -84,6 +94,7 @@ def run_demo(settings: Settings) -> None:
         procs.start("job", "run")
         procs.start("produce-orders", "produce", "orders", "--file", str(DATA / "orders.csv"), "--rate", "300",
                     "--loop", "--quiet")
+        procs.start("sql", *sql_args())
         procs.start("app", "app")
         print(f"console: http://{settings['app.address']}:{settings['app.port']}  (Ctrl-C stops everything)")
         time.sleep(8)  # orders for these users are already flowing: they wait in the buffer

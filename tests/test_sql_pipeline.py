@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 
 import duckdb
 import pytest
 
-from app.sql_queries import current_result, dead_letters, list_pipelines, pipeline_totals
+from app.sql_queries import current_result, dead_letters, list_pipelines, pipeline_totals, result_changes
 from factories import publish
+from jobproc import cli_args
+from pipeline.broker import die_with_parent
 from pipeline.sql.plan import build_plan
 from pipeline.sql.runner import run_sql_pipeline
 from sqlhelp import COUNT_SQL, JOIN_SQL, fresh_topics, latest_per_key, message, read_topic
@@ -53,42 +59,79 @@ def result(settings, name: str) -> list[dict]:
         return current_result(con, settings.data_dir, name).to_dict("records")
 
 
-def test_count_by_account_updates_moves_and_deletes(settings_factory, broker, spark):
+class PipelineProcess:
+    """``python -m pipeline sql …`` as a real process in its own group, for kill -9."""
+
+    def __init__(self, settings, log_path, *args):
+        self.log = open(log_path, "ab")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SS_")}
+        self.proc = subprocess.Popen([sys.executable, "-m", "pipeline", *cli_args(settings), "sql", *args],
+                                     stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL, env=env,
+                                     start_new_session=True, preexec_fn=die_with_parent)
+
+    def result(self, settings, name: str) -> list[dict]:
+        assert self.proc.poll() is None, f"the SQL pipeline exited with code {self.proc.returncode}"
+        return result(settings, name)
+
+    def kill9(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout=90)
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # leftover Python workers, if any
+        except ProcessLookupError:
+            pass
+        self.log.close()
+        return code
+
+
+def test_count_by_account_updates_moves_and_deletes_exactly_once_through_kill_9(settings_factory, broker, tmp_path):
     settings = settings_factory()
     topics = fresh_topics("users", "user_count_by_account")
-    plan = build_plan(COUNT_SQL.read_text(), topics)
+    args = [str(COUNT_SQL), "--name", "count"] + [f"--topic={t}={topic}" for t, topic in topics.items()]
     url = broker.service_url
-    with Running(settings, plan, "count", spark) as running:
-        # The seed's messages, unchanged: four creates and an update.
-        publish(url, topics["users"], [
-            message("100-1", {"uid": "100-1", "accountId": "100", "id": 1, "fullName": "bob", "op": "c"}),
-            message("100-2", {"uid": "100-2", "accountId": "100", "id": 2, "fullName": "bob", "op": "c"}),
-            message("101-1", {"uid": "101-1", "accountId": "101", "id": 1, "fullName": "bob", "op": "c"}),
-            message("101-2", {"uid": "101-2", "accountId": "101", "id": 2, "fullName": "bob", "op": "c"}),
-            message("100-1", {"uid": "100-1", "accountId": "100", "id": 1, "fullName": "bob", "op": "u"}),
-        ])
-        expected = [{"accountId": "100", "userCount": 2}, {"accountId": "101", "userCount": 2}]
-        wait_for(lambda: running.result(settings, "count") == expected, 180, what="the seed's counts")
-        # Move 100-1 to account 101, a string where an INT is declared, then delete account 100's last user.
-        publish(url, topics["users"], [
-            message("100-1", {"uid": "100-1", "accountId": "101", "id": 1, "fullName": "bob", "op": "u"}),
-            message("100-9", {"uid": "100-9", "accountId": "100", "id": "nine", "fullName": "bad", "op": "c"}),
-        ])
-        wait_for(lambda: running.result(settings, "count") == [{"accountId": "100", "userCount": 1},
-                                                       {"accountId": "101", "userCount": 3}], 90, what="the move")
-        publish(url, topics["users"], [message("100-2", None)])
-        wait_for(lambda: running.result(settings, "count") == [{"accountId": "101", "userCount": 3}], 90, what="the delete")
-        assert running.thread.is_alive()
-    on_topic = read_topic(url, topics["user_count_by_account"])
-    assert latest_per_key(on_topic) == {"101": {"accountId": "101", "userCount": 3}}
-    assert on_topic[-1] == ("100", "") or ("100", "") in on_topic  # account 100's tombstone
-    assert ("101", '{"accountId":"101","userCount":3}') in on_topic  # the seed's JSON shape
+    first = PipelineProcess(settings, tmp_path / "first.log", *args)
+    # The seed's messages, unchanged: four creates and an update.
+    publish(url, topics["users"], [
+        message("100-1", {"uid": "100-1", "accountId": "100", "id": 1, "fullName": "bob", "op": "c"}),
+        message("100-2", {"uid": "100-2", "accountId": "100", "id": 2, "fullName": "bob", "op": "c"}),
+        message("101-1", {"uid": "101-1", "accountId": "101", "id": 1, "fullName": "bob", "op": "c"}),
+        message("101-2", {"uid": "101-2", "accountId": "101", "id": 2, "fullName": "bob", "op": "c"}),
+        message("100-1", {"uid": "100-1", "accountId": "100", "id": 1, "fullName": "bob", "op": "u"}),
+    ])
+    expected = [{"accountId": "100", "userCount": 2}, {"accountId": "101", "userCount": 2}]
+    wait_for(lambda: first.result(settings, "count") == expected, 180, what="the seed's counts")
+    # Move 100-1 to account 101, and a string where an INT is declared (the seed's Flink job crashed on it).
+    publish(url, topics["users"], [
+        message("100-1", {"uid": "100-1", "accountId": "101", "id": 1, "fullName": "bob", "op": "u"}),
+        message("100-9", {"uid": "100-9", "accountId": "100", "id": "nine", "fullName": "bad", "op": "c"}),
+    ])
+    wait_for(lambda: first.result(settings, "count") == [{"accountId": "100", "userCount": 1},
+                                                         {"accountId": "101", "userCount": 3}], 90, what="the move")
+    # Delete account 100's last user and crash at once; the restarted pipeline finishes the job.
+    publish(url, topics["users"], [message("100-2", None)])
+    first.kill9()
+    second = PipelineProcess(settings, tmp_path / "second.log", *args)
+    try:
+        wait_for(lambda: second.result(settings, "count") == [{"accountId": "101", "userCount": 3}], 180,
+                 what="the delete, after kill -9")
+    finally:
+        assert second.stop() in (0, -signal.SIGTERM)
     with duckdb.connect() as con:
+        changes = result_changes(con, settings.data_dir, "count")
         dead = dead_letters(con, settings.data_dir, "count").to_dict("records")
         totals = pipeline_totals(con, settings.data_dir, "count")
+    assert not changes.duplicated(["_key", "_batch_id"]).any()  # each committed batch once
     assert [(d["key"], d["error"]) for d in dead] == [
         ("100-9", "table 'users' column 'id': expected INT, got string \"nine\"")]
-    assert totals["rows_in"] == 8 and totals["dead_letters"] == 1 and totals["rows_out"] >= 3
+    on_topic = read_topic(url, topics["user_count_by_account"])
+    assert latest_per_key(on_topic) == {"101": {"accountId": "101", "userCount": 3}}
+    assert ("100", "") in on_topic  # account 100's tombstone
+    assert ("101", '{"accountId":"101","userCount":3}') in on_topic  # the seed's JSON
+    assert totals["dead_letters"] == 1 and totals["rows_out"] >= 1
     assert [p["name"] for p in list_pipelines(settings.data_dir)] == ["count"]
 
 
