@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
-from bench import bench_console, bench_latency, bench_recovery, bench_state, bench_throughput  # noqa: E402
+from bench import bench_console, bench_latency, bench_recovery, bench_sql, bench_state, bench_throughput  # noqa: E402
 from bench.common import RESULTS_DIR, machine, now_utc  # noqa: E402
 
 LATEST = RESULTS_DIR / "latest.json"
@@ -31,6 +31,7 @@ BENCHES = {
     "recovery": (bench_recovery, []),
     "state": (bench_state, []),
     "console": (bench_console, ["--orders", "5000000"]),
+    "sql": (bench_sql, ["--keys", "1000000"]),
 }
 
 
@@ -123,6 +124,12 @@ def figure_rows(results: dict) -> list[tuple[str, str, str, str]]:
                          f"{_f(timing['cold_s'], '.2f')} / {_f(timing['warm_s'], '.2f')} s"
                          + ("" if slowest <= console["limit_s"] else f" (over {console['limit_s']} s)"),
                          f"DuckDB count over the sink {base:.2f} s", _f(timing["warm_s"] / base if base else None)))
+    sql = results.get("sql", {})
+    for name, label in (("count", "SQL count by account"), ("join", "SQL three-way LEFT JOIN")):
+        if isinstance(sql.get(name), dict):
+            job = sql.get("job", {}).get("orders_per_s")
+            rows.append((f"{label}, {sql['keys']:,} keys (rows/s)", _f(sql[name]["rows_per_s"], ",.0f") + _load(sql[name]),
+                         f"enrichment job {_f(job, ',.0f')} orders/s", _f(sql.get(f"{name}_vs_job"))))
     for name, figures in results.items():
         if isinstance(figures, dict) and "error" in figures:
             rows.append((f"{name}", "FAILED", figures["error"][:80], "–"))
