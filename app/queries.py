@@ -157,12 +157,14 @@ def load_latency(connection: Connection, data_dir: Path, window_end_ms: int, win
 
 
 def load_newest_enriched(connection: Connection, data_dir: Path, limit: int = 20) -> pd.DataFrame:
-    """The newest enriched orders with the user and item they were enriched with."""
+    """The newest enriched orders with the user and item they were enriched with (and, in event
+    time, the times of those versions: ``user_as_of``, ``item_as_of``; NULL in processing time)."""
     sql = f"""
         SELECT CAST(enriched_at AS TIMESTAMP) AS enriched_at, invoice_id, line_item_id,
                user_id, user_first_name || ' ' || user_last_name AS user_name, user_email,
                item_id, item_name, item_category, price, waited_ms,
-               {LATENCY_MS} AS latency_ms, batch_id, source_message_id
+               {LATENCY_MS} AS latency_ms, batch_id, source_message_id,
+               CAST(user_as_of AS TIMESTAMP) AS user_as_of, CAST(item_as_of AS TIMESTAMP) AS item_as_of
         FROM {sink_relation(data_dir, 'enriched', newest_rows=limit)}
         ORDER BY enriched_at DESC, invoice_id DESC, line_item_id DESC
         LIMIT $limit"""

@@ -33,6 +33,7 @@ SINK_COLUMNS: dict[str, dict[str, str]] = {
         "waited_ms": "BIGINT", "published_at": "TIMESTAMPTZ", "enriched_at": "TIMESTAMPTZ",
         "batch_id": "BIGINT", "source_topic": "VARCHAR", "source_partition": "INTEGER",
         "source_message_id": "VARCHAR", "redrive_of": "VARCHAR",
+        "user_as_of": "TIMESTAMPTZ", "item_as_of": "TIMESTAMPTZ",  # event time: the versions' times
     },
     "missing_state": {
         "invoice_id": "BIGINT", "line_item_id": "BIGINT", "user_id": "BIGINT", "item_id": "BIGINT",
@@ -40,7 +41,7 @@ SINK_COLUMNS: dict[str, dict[str, str]] = {
         "created_at": "TIMESTAMPTZ", "paid_at": "TIMESTAMPTZ", "reason": "VARCHAR", "waited_ms": "BIGINT",
         "published_at": "TIMESTAMPTZ", "detected_at": "TIMESTAMPTZ", "batch_id": "BIGINT",
         "source_topic": "VARCHAR", "source_partition": "INTEGER", "source_message_id": "VARCHAR",
-        "redrive_of": "VARCHAR",
+        "redrive_of": "VARCHAR", "user_as_of": "TIMESTAMPTZ", "item_as_of": "TIMESTAMPTZ",
     },
     "dead_letter": {
         "source_topic": "VARCHAR", "source_partition": "INTEGER", "source_message_id": "VARCHAR",
@@ -143,7 +144,8 @@ def files_relation(sink: str, files: list[SinkFile]) -> str:
     if not files:
         return empty_relation(SINK_COLUMNS[sink])
     file_list = "[" + ", ".join(sql_text(entry.path) for entry in files) + "]"
-    return f"read_parquet({file_list}, hive_partitioning = false)"
+    # union_by_name: files written before a column was added (user_as_of, item_as_of) read it as NULL
+    return f"read_parquet({file_list}, hive_partitioning = false, union_by_name = true)"
 
 
 def metrics_files(data_dir: Path, stream: str) -> list[Path]:

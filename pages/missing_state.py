@@ -89,9 +89,12 @@ def render_orders(search: dict[str, int]) -> list[int]:
                  for r in orders.itertuples()],
     )
     st.caption(f"{len(orders)} order line(s), newest first" + (f" (the newest {RESULT_LIMIT})" if len(orders) == RESULT_LIMIT else "") + ".")
+    columns = ["detected_at", "invoice_id", "user_id", "item_id", "why", "user_appeared", "item_appeared", "redrive",
+               "line_item_id", "item_name", "price", "source_message_id"]
+    if shown[["user_as_of", "item_as_of"]].notna().any().any():  # event time: the versions the order found
+        columns[4:4] = ["user_as_of", "item_as_of"]
     views.render_table(
-        shown[["detected_at", "invoice_id", "user_id", "item_id", "why", "user_appeared", "item_appeared", "redrive",
-               "line_item_id", "item_name", "price", "source_message_id"]],
+        shown[columns],
         column_config={
             "detected_at": st.column_config.DatetimeColumn("detected (UTC)", format="YYYY-MM-DD HH:mm:ss"),
             "invoice_id": st.column_config.NumberColumn("invoice", format="%d"),
@@ -103,6 +106,8 @@ def render_orders(search: dict[str, int]) -> list[int]:
             "item_appeared": "item appeared since?",
             "redrive": "re-drive",
             "source_message_id": "message id",
+            "user_as_of": st.column_config.DatetimeColumn("user as of (event time)", format="YYYY-MM-DD HH:mm:ss.SSS"),
+            "item_as_of": st.column_config.DatetimeColumn("item as of (event time)", format="YYYY-MM-DD HH:mm:ss.SSS"),
         },
     )
     return sorted(set(int(invoice) for invoice in orders["invoice_id"]))

@@ -63,11 +63,12 @@ SCHEMAS = {
         ("user_created_at", TS), ("item_name", pa.string()), ("item_category", pa.string()),
         ("item_adjective", pa.string()), ("item_modifier", pa.string()), ("item_price", pa.float64()),
         ("waited_ms", pa.int64()), ("published_at", TS), ("enriched_at", TS)] + _SOURCE_COLUMNS + [
-        ("redrive_of", pa.string())]),
+        ("redrive_of", pa.string()), ("user_as_of", TS), ("item_as_of", TS)]),
     "missing_state": pa.schema(_ORDER_COLUMNS + [
         ("item_name", pa.string()), ("item_category", pa.string()), ("price", pa.float64()),
         ("created_at", TS), ("paid_at", TS), ("reason", pa.string()), ("waited_ms", pa.int64()),
-        ("published_at", TS), ("detected_at", TS)] + _SOURCE_COLUMNS + [("redrive_of", pa.string())]),
+        ("published_at", TS), ("detected_at", TS)] + _SOURCE_COLUMNS + [("redrive_of", pa.string()),
+        ("user_as_of", TS), ("item_as_of", TS)]),
     "dead_letter": pa.schema([
         ("source_topic", pa.string()), ("source_partition", pa.int32()), ("source_message_id", pa.string()),
         ("key", pa.string()), ("payload", pa.string()), ("error", pa.string()), ("published_at", TS),

@@ -15,7 +15,8 @@ from pipeline.job import run_forever
 def cli_args(settings) -> list[str]:
     """--set flags that reproduce these settings in a child process."""
     keys = ("pulsar.service_url", "paths.data_dir", "spark.master", "job.trigger_interval", "job.max_rows_per_batch",
-            "job.restart.attempts", "job.restart.delay", "enrichment.max_wait",
+            "job.restart.attempts", "job.restart.delay", "enrichment.max_wait", "enrichment.time",
+            "enrichment.order_time", "enrichment.out_of_orderness", "enrichment.allowed_lateness",
             "topics.users", "topics.items", "topics.orders")
     args = []
     for key in keys:

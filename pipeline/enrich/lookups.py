@@ -43,7 +43,11 @@ class Lookup:
 
     @property
     def found_column(self) -> str:
-        return f"{self.reason}_state"  # "found" or "missing", set by the operator
+        return f"{self.reason}_state"  # "found", "missing" (or "late" in event time), set by the operator
+
+    @property
+    def as_of_column(self) -> str:
+        return f"{self.reason}_as_of"  # event time: the time of the version the order was enriched as of
 
 
 USERS = Lookup("users", "user_id", "userId", {
@@ -90,4 +94,58 @@ def apply_lookup(frame, lookup: Lookup, max_wait_ms: int):
     joined = operator.apply(roles._jdf, lookup.id_column, "lookup_role", ",".join(lookup.state_columns),
                             lookup.found_column, "first_seen_ms", "waited_ms", ",".join(READ_ORDER),
                             int(max_wait_ms))
+    return DataFrame(joined, spark)
+
+
+EVENT_JVM_CLASS = "statefulstreams.VersionedLookup"
+WATERMARK_COLUMN = "watermark_time"  # the timestamp Spark's watermark is taken from (event time only)
+
+
+def with_event_watermarks(frame, order_time: str, out_of_orderness_ms: int):
+    """Envelope rows with their event time (``event_ms``) and Spark's event-time watermark set to
+    the least of the changelogs' watermarks (called on the driver while the query is built).
+
+    An order's time is its ``created_at`` (``order_time = created_at``) or its message event time;
+    a version's time is its message event time, or its publish time when it has none. Each
+    changelog gets its own watermark (its newest event time minus the out-of-orderness) on a
+    branch that sees every row of the batch (rows of other topics count as time 0, so a topic
+    with nothing read yet holds the watermark at 0); the branches are then cut to disjoint rows
+    and united, and Spark keeps the least watermark (its default ``min`` policy). The cost: the
+    source is read and parsed once per branch.
+
+    # out: {… "event_ms": 1700000000123, "watermark_time": 2023-11-14 22:13:20.123 (users rows) or None}
+    """
+    from pyspark.sql import functions as F
+
+    message_time = F.coalesce(F.col("event_time"), F.col("published_at"))
+    own_time = F.coalesce(F.col("created_at"), message_time) if order_time == "created_at" else message_time
+    timed = frame.withColumn("event_ms", F.when(F.col("kind") == "orders", own_time).otherwise(message_time))
+    kind = F.col("kind")
+    sides = []
+    for lookup, keep in ((USERS, kind != ITEMS.changelog), (ITEMS, kind == ITEMS.changelog)):
+        stamped = F.when(kind == lookup.changelog, F.timestamp_millis(F.col("event_ms")))
+        sides.append(timed.withColumn(WATERMARK_COLUMN, stamped)
+                     .withWatermark(WATERMARK_COLUMN, f"{int(out_of_orderness_ms)} milliseconds").filter(keep))
+    return sides[0].unionByName(sides[1])
+
+
+def apply_event_lookup(frame, lookup: Lookup, max_wait_ms: int, allowed_lateness_ms: int):
+    """``frame`` (envelope rows with event times and a watermark, see :func:`with_event_watermarks`)
+    through one VersionedLookup; the output has the same columns.
+
+    # in:  {"kind": "orders", "op": "order", "user_id": 17, "event_ms": 1700000000123, "late": None, …}
+    # out: {… "user_first_name": "Ada", "user_state": "found", "user_as_of": 1700000000001, "late": 0}
+    """
+    from pyspark.sql import DataFrame
+    from pyspark.sql import functions as F
+
+    op, kind = F.col("op"), F.col("kind")
+    own_change = (kind == lookup.changelog) & op.isin("upsert", "delete")
+    roles = frame.withColumn("lookup_role", F.when(own_change & (op == "upsert"), SET)
+                             .when(own_change, DELETE).when(op == "order", LOOKUP).otherwise(PASS))
+    spark = frame.sparkSession
+    operator = spark._jvm.statefulstreams.VersionedLookup
+    joined = operator.apply(roles._jdf, lookup.id_column, "lookup_role", ",".join(lookup.state_columns),
+                            lookup.found_column, "first_seen_ms", "waited_ms", ",".join(READ_ORDER), "event_ms",
+                            "late", lookup.as_of_column, int(max_wait_ms), int(allowed_lateness_ms))
     return DataFrame(joined, spark)

@@ -69,6 +69,8 @@ def parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]
                 arrays.append(batch.column(FROM_SOURCE[field.name]).cast(field.type))
             elif field.name == "published_at":  # microseconds -> epoch ms
                 arrays.append(pc.divide(pc.cast(batch.column("publish_time"), pa.int64()), 1000))
+            elif field.name == "event_time" and "event_time" in batch.schema.names:  # epoch ms, or None
+                arrays.append(batch.column("event_time").cast(field.type))
             elif field.name == "redrive_of":
                 arrays.append(_redrives(batch.column("properties")))
             else:  # filled in by the lookups

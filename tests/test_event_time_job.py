@@ -1,0 +1,156 @@
+"""Event time through the real job: the sinks equal the batch-free temporal join
+(rules.temporal_join) whatever the batch sizes, the read interleaving, or a kill -9 midway.
+
+One input, published once (orders first, then the users, then the items: the orders are read
+before any user exists), and read by three jobs on their own data dirs: one running while it is
+published, in batches of 25 rows; one after, in one batch; one in batches of 20 killed with
+SIGKILL after its first batch and started again. Every run must write exactly what the model
+says, so they also agree with each other.
+"""
+
+from __future__ import annotations
+
+import pulsar
+import pytest
+
+from pipeline.enrich import rules
+from pipeline.enrich.lookups import ITEMS, USERS
+from pipeline.metrics import read_rows
+from pipeline import wire
+from factories import item, order, user
+from jobproc import JobProcess, JobThread
+from sinkread import orders_done, rows
+from waiting import wait_for
+
+pytestmark = pytest.mark.e2e
+T0 = 1_700_000_000_000
+ORDERS = 90
+MAX_WAIT_MS = 4_000
+EVENT = {"enrichment__time": "event", "enrichment__max_wait": f"{MAX_WAIT_MS}ms",
+         "enrichment__out_of_orderness": "2s", "enrichment__allowed_lateness": "1h"}
+
+
+def the_input() -> dict[str, list[tuple[str, bytes, int]]]:
+    """(key, payload, event time) per topic. Users 1-6 and items 1-4 appear over the first
+    seconds, some change or go later (so an order's version depends on its time); user 7 and
+    item 5 never exist; user 8 appears 3 s after the orders that name it (found within max_wait)
+    and user 9 10 s after (missing). The last versions (id 99) push both watermarks past every order."""
+    users = [(str(u), wire.encode(user(u)), T0 + u * 1_000) for u in range(1, 7)]
+    users += [(str(u), wire.encode(user(u, firstName=f"Renamed{u}")), T0 + 20_000 + u * 500) for u in (2, 3, 4)]
+    users += [("5", b"", T0 + 25_000), ("8", wire.encode(user(8)), T0 + 33_000), ("9", wire.encode(user(9)), T0 + 60_000)]
+    users += [("99", wire.encode(user(99)), T0 + 200_000)]
+    items = [(str(i), wire.encode(item(i)), T0 + i * 700) for i in range(1, 5)]
+    items += [("2", wire.encode(item(2, price=99.5)), T0 + 15_000), ("3", b"", T0 + 35_000)]
+    items += [("99", wire.encode(item(99)), T0 + 200_000)]
+    orders = []
+    for n in range(ORDERS):
+        user_id = 8 if n == 60 else 9 if n == 61 else (n % 7) + 1
+        record = order(n, user_id, (n % 5) + 1, createdAt=T0 + 500 + n * 500)
+        orders.append((f"o{n}", wire.encode(record), record["createdAt"]))
+    return {"orders": orders, "users": users, "items": items}
+
+
+def publish_timed(url: str, topic: str, messages) -> None:
+    client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        producer = client.create_producer(topic, batching_enabled=False)
+        for key, payload, at in messages:
+            producer.send(payload, partition_key=key, event_timestamp=at)
+    finally:
+        client.close()
+
+
+def expected(data) -> list[tuple]:
+    versions: dict[str, dict[int, list]] = {}
+    for lookup in (USERS, ITEMS):
+        for seq, (key, payload, at) in enumerate(data[lookup.changelog]):
+            routed = rules.route_message(lookup.changelog, key, payload)
+            record = None if routed["op"] == "delete" else tuple(routed[c] for c in lookup.state_columns)
+            versions.setdefault(lookup.changelog, {}).setdefault(int(key), []).append((at, (-1, seq), record))
+    orders = []
+    for key, payload, at in data["orders"]:
+        routed = rules.route_message("orders", key, payload)
+        orders.append({**routed, "event_ms": routed["created_at"]})
+    return sorted(view(row, row["sink"]) for row in rules.temporal_join(versions, orders, MAX_WAIT_MS))
+
+
+def as_ms(value):
+    return None if value is None else (value if isinstance(value, int) else int(value.timestamp() * 1000))
+
+
+def view(row: dict, sink: str) -> tuple:
+    """What must not differ between runs (batch ids and processing times may)."""
+    enriched = sink == "enriched"
+    return (row["invoice_id"], sink, row.get("reason") if not enriched else None,
+            row["user_first_name"] if enriched else None, row["item_price"] if enriched else None,
+            as_ms(row["user_as_of"]), as_ms(row["item_as_of"]), row["waited_ms"])
+
+
+def written(data_dir) -> list[tuple]:
+    return sorted(view(row, sink) for sink in ("enriched", "missing_state") for row in rows(data_dir, sink))
+
+
+@pytest.fixture(scope="module")
+def published(broker, tmp_path_factory):
+    tag = tmp_path_factory.mktemp("event").name
+    topics = {k: f"persistent://public/default/{k}-{tag}" for k in ("users", "items", "orders")}
+    return {"topics": topics, "data": the_input(), "done": False}
+
+
+def publish_all(published, url) -> None:
+    """The input, once per module: the orders first, then the users, then the items."""
+    if not published["done"]:
+        for kind in ("orders", "users", "items"):
+            publish_timed(url, published["topics"][kind], published["data"][kind])
+        published["done"] = True
+
+
+def settings_for(published, factory_dir, broker, **overrides):
+    from pipeline.config import load_settings
+
+    values = {"pulsar.service_url": broker.service_url, "paths.data_dir": str(factory_dir),
+              "spark.master": "local[2]", "job.trigger_interval": "200ms", "job.restart.delay": "1s",
+              **{f"topics.{k}": v for k, v in published["topics"].items()},
+              **{k.replace("__", "."): v for k, v in {**EVENT, **overrides}.items()}}
+    return load_settings(env={}, cli=values)
+
+
+def test_a_job_reading_while_the_users_arrive_after_the_orders(published, broker, tmp_path):
+    settings = settings_for(published, tmp_path / "live", broker, job__max_rows_per_batch=25)
+    job = JobThread(settings)
+    try:
+        wait_for(lambda: read_rows(settings.data_dir, "progress") or job.error, timeout=240, what="the first batch")
+        publish_all(published, broker.service_url)  # read as it arrives: every order before any user
+        wait_for(lambda: orders_done(settings.data_dir) >= ORDERS or job.error, timeout=180, what="every order decided")
+    finally:
+        job.close()
+    assert written(settings.data_dir) == expected(published["data"])
+
+
+def test_one_big_batch_writes_the_same(published, broker, tmp_path):
+    publish_all(published, broker.service_url)
+    settings = settings_for(published, tmp_path / "big", broker, job__max_rows_per_batch=100_000)
+    job = JobThread(settings)
+    try:
+        wait_for(lambda: orders_done(settings.data_dir) >= ORDERS or job.error, timeout=240, what="every order decided")
+    finally:
+        job.close()
+    assert written(settings.data_dir) == expected(published["data"])
+
+
+def test_a_kill_9_midway_writes_the_same(published, broker, tmp_path):
+    publish_all(published, broker.service_url)
+    settings = settings_for(published, tmp_path / "killed", broker, job__max_rows_per_batch=20,
+                            job__trigger_interval="2s")  # batches far apart: the kill lands midway
+    job = JobProcess(settings, tmp_path / "job1.log")
+    try:
+        wait_for(lambda: read_rows(settings.data_dir, "progress"), timeout=240, what="a committed batch")
+    finally:
+        job.kill9()
+    assert orders_done(settings.data_dir) < ORDERS, "the kill came too late to test anything"
+    job = JobProcess(settings, tmp_path / "job2.log")
+    try:
+        wait_for(lambda: orders_done(settings.data_dir) >= ORDERS, timeout=240, what="every order after the kill")
+    finally:
+        assert job.stop() == 0
+    assert written(settings.data_dir) == expected(published["data"])
