@@ -9,10 +9,12 @@ STAMP := $(VENV)/.installed
 # rule's prerequisites as it reads the rule).
 LOOKUP_SRC := $(wildcard pipeline/enrich/jvm/statefulstreams/*.java)
 LOOKUP_JAR := pipeline/enrich/jvm/build/changelog-lookup.jar
+# The driver JVM's class-data archive (pipeline/class_archive.py): built by one run of the job.
+CLASS_ARCHIVE := pipeline/enrich/jvm/build/spark-classes.jsa
 
 .PHONY: setup system-deps demo test test-fast bench clean
 
-setup: $(STAMP) system-deps $(LOOKUP_JAR)
+setup: $(STAMP) system-deps $(LOOKUP_JAR) $(CLASS_ARCHIVE)
 
 # The virtualenv with the pinned packages; rebuilt when requirements.txt changes.
 $(STAMP): requirements.txt
@@ -31,6 +33,11 @@ $(LOOKUP_JAR): $(LOOKUP_SRC) $(STAMP)
 	  rm -rf pipeline/enrich/jvm/build/classes && mkdir -p pipeline/enrich/jvm/build/classes && \
 	  javac -nowarn --release 17 -cp "$$jars/*" -d pipeline/enrich/jvm/build/classes $(LOOKUP_SRC) && \
 	  jar cf $@.tmp -C pipeline/enrich/jvm/build/classes . && mv $@.tmp $@ && echo "built $@"
+
+# Spark's classes archived for a faster driver start; rebuilt when the jar or the venv changes.
+# A failed training run prints one note and leaves Spark to start without it.
+$(CLASS_ARCHIVE): $(LOOKUP_JAR) $(STAMP) pipeline/class_archive.py
+	@$(PY) -m pipeline.class_archive
 
 # Spark needs a JRE; the UI smoke test needs Debian's chromium; the exporter's test scrapes with
 # Debian's prometheus (the tests start their own on loopback, so the service the package would

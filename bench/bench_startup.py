@@ -10,9 +10,10 @@ small workload already on an embedded broker, and splits the time into:
   addBatch, walCommit, commitOffsets);
 - the total, spawn to the first file in ``<checkpoint>/commits``.
 
-The baseline, in the same run: a bare PySpark process that starts a local SparkSession with
-the same master and runs one tiny job (what any PySpark program pays before its own work).
-Prints a table and writes ``bench/results/startup.json``.
+Baselines, in the same run: a bare PySpark process that starts a local SparkSession with the
+same master and runs one tiny job (what any PySpark program pays before its own work), and the
+same cold start without the driver's class archive (pipeline/class_archive.py; the file is
+moved aside for those runs). Prints a table and writes ``bench/results/startup.json``.
 
     python -m bench.bench_startup               # 2 cold starts
 """
@@ -34,6 +35,7 @@ from bench.common import (BenchError, alive, bench_topics, machine, now_utc, sta
                           write_result)
 from pipeline import store  # noqa: E402
 from pipeline.broker import EmbeddedBroker  # noqa: E402
+from pipeline.class_archive import ARCHIVE  # noqa: E402
 from pipeline.config import load_settings  # noqa: E402
 from pipeline.metrics import read_events, read_rows  # noqa: E402
 from factories import item, keyed, order, publish, user  # noqa: E402
@@ -99,7 +101,16 @@ def main(argv: list[str] | None = None) -> dict:
             publish(broker.service_url, topics["orders"], keyed("orders", [order(n, n % 200 + 1, n % 20 + 1)
                                                                            for n in range(1000)]))
             baseline = [bare_spark_s("local[2]") for _ in range(args.runs)]
-            runs = [cold_start(broker.service_url, topics, workdir, run) for run in range(args.runs)]
+            runs, without = [], []
+            for run in range(args.runs):  # interleaved, so a busy moment hits both alike
+                runs.append(cold_start(broker.service_url, topics, workdir, 2 * run))
+                if ARCHIVE.is_file():
+                    aside = ARCHIVE.with_suffix(".aside")
+                    ARCHIVE.rename(aside)
+                    try:
+                        without.append(cold_start(broker.service_url, topics, workdir, 2 * run + 1))
+                    finally:
+                        aside.rename(ARCHIVE)
         finally:
             broker.stop()
     if not runs:
@@ -108,7 +119,10 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"measured_at": now_utc(), "machine": machine(), "runs": runs,
               "cold_start_median_s": round(median, 2),
               "bare_spark_median_s": round(statistics.median(baseline), 2),
-              "cold_start_vs_bare_spark": round(median / statistics.median(baseline), 2)}
+              "cold_start_vs_bare_spark": round(median / statistics.median(baseline), 2),
+              "class_archive": ARCHIVE.is_file(), "runs_without_class_archive": without,
+              "cold_start_without_class_archive_median_s":
+                  round(statistics.median(r["total_s"] for r in without), 2) if without else None}
     print(f"{'phase':<40}" + "".join(f"{'run ' + str(i + 1):>10}" for i in range(len(runs))))
     for phase in runs[0]["job_phases_s"]:
         print(f"{'job: ' + phase:<40}" + "".join(f"{r['job_phases_s'].get(phase, 0):>10.2f}" for r in runs))
@@ -119,6 +133,10 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{'  first batch ' + phase + ' (ms)':<40}" + "".join(f"{r['first_batch_phases_ms'].get(phase, 0):>10}" for r in runs))
     print(f"baseline: bare PySpark session + one job {result['bare_spark_median_s']:.2f}s; "
           f"cold start {median:.2f}s ({result['cold_start_vs_bare_spark']:.2f}x)")
+    if without:
+        print(f"without the class archive: spawn to first commit {result['cold_start_without_class_archive_median_s']:.2f}s, "
+              f"Spark session {statistics.median(r['job_phases_s']['spark_session'] for r in without):.2f}s "
+              f"(with it: {statistics.median(r['job_phases_s']['spark_session'] for r in runs):.2f}s)")
     write_result("startup", result)
     return result
 

@@ -163,6 +163,7 @@ KEYS: tuple[Key, ...] = (
     Key("spark.master", "local[*]", _spark_master, "Spark master URL"),
     Key("spark.shuffle_partitions", 0, _int_at_least(0, 100_000), "Shuffle partitions; 0 sizes them to the cores"),
     Key("spark.auth_secret", None, _optional_text, "Shared secret for Spark RPC authentication (spark.authenticate); secret"),
+    Key("spark.extra_java_options", None, _optional_text, "More JVM options for the Spark driver (after ours)"),
     Key("job.trigger_interval", "1s", _positive_duration, "Micro-batch trigger interval"),
     Key("job.max_rows_per_batch", 200_000, _int_at_least(1), "Most source rows in one micro-batch"),
     Key("job.start_from", "earliest", _choice("earliest", "latest"), "Where a fresh checkpoint starts reading every topic"),

@@ -33,6 +33,7 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
+    from pipeline.class_archive import driver_java_options
     from pipeline.enrich.lookups import require_jar
 
     builder = (
@@ -58,8 +59,10 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.python.worker.reuse", "true")
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "true")
-        # Spark's stop path runs a deep regex over long Python tracebacks; give threads room.
-        .config("spark.driver.extraJavaOptions", "-Xss16m")
+        # Spark's stop path runs a deep regex over long Python tracebacks; give threads room. The
+        # class archive (pipeline/class_archive.py) cuts the driver JVM's start.
+        .config("spark.driver.extraJavaOptions", " ".join(filter(None, (
+            "-Xss16m", driver_java_options(), settings["spark.extra_java_options"]))))
     )
     if settings["spark.master"].startswith("local"):
         # Loopback only on one machine; on a cluster the workers must reach the driver.

@@ -1,0 +1,23 @@
+"""The driver's class archive: used when built, left out when not (pure, no JVM)."""
+
+from __future__ import annotations
+
+from pipeline.class_archive import QUIET, driver_java_options
+
+
+def test_options_point_at_the_archive_when_it_is_there(tmp_path):
+    archive = tmp_path / "spark-classes.jsa"
+    assert driver_java_options(archive) == ""
+    archive.write_bytes(b"\0")
+    options = driver_java_options(archive)
+    assert options.startswith(f"-XX:SharedArchiveFile={archive} ") and options.endswith(QUIET)
+
+
+def test_the_spark_session_carries_them(spark):
+    """The session every test shares starts through pipeline.spark.build_spark, as the job does."""
+    from pipeline.class_archive import ARCHIVE
+
+    jvm_arguments = list(spark._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+    assert "-Xss16m" in jvm_arguments
+    assert (f"-XX:SharedArchiveFile={ARCHIVE}" in jvm_arguments) == ARCHIVE.is_file()
+    assert "sharing" in spark._jvm.java.lang.System.getProperty("java.vm.info")
