@@ -55,8 +55,10 @@ class Running:
 
 
 def result(settings, name: str) -> list[dict]:
+    """The current result as records, SQL NULL as None (pandas reads a null double as NaN)."""
     with duckdb.connect() as con:
-        return current_result(con, settings.data_dir, name).to_dict("records")
+        frame = current_result(con, settings.data_dir, name)
+    return frame.astype(object).where(frame.notna(), None).to_dict("records")
 
 
 class PipelineProcess:
@@ -89,7 +91,7 @@ class PipelineProcess:
 
 
 def test_count_by_account_updates_moves_and_deletes_exactly_once_through_kill_9(settings_factory, broker, tmp_path):
-    settings = settings_factory()
+    settings = settings_factory(job__restart__delay="3s")  # rides out a loaded machine
     topics = fresh_topics("users", "user_count_by_account")
     args = [str(COUNT_SQL), "--name", "count"] + [f"--topic={t}={topic}" for t, topic in topics.items()]
     url = broker.service_url
@@ -135,13 +137,34 @@ def test_count_by_account_updates_moves_and_deletes_exactly_once_through_kill_9(
     assert [p["name"] for p in list_pipelines(settings.data_dir)] == ["count"]
 
 
-def test_three_way_left_join_reemits_on_every_side(settings_factory, broker, spark):
-    settings = settings_factory()
+STATS_SQL = """
+CREATE TABLE users (uid STRING, accountId STRING, id INT, score DOUBLE, PRIMARY KEY (uid) NOT ENFORCED)
+WITH ('connector' = 'upsert-pulsar', 'topic' = 'persistent://public/default/users', 'key.format' = 'raw',
+      'value.format' = 'json');
+CREATE TABLE account_stats (accountId STRING, users BIGINT, idSum BIGINT, idMin INT, idMax INT, scoreSum DOUBLE,
+      PRIMARY KEY (accountId) NOT ENFORCED)
+WITH ('connector' = 'upsert-pulsar', 'topic' = 'persistent://public/default/account_stats', 'key.format' = 'raw',
+      'value.format' = 'json');
+INSERT INTO account_stats SELECT accountId, COUNT(*), SUM(id), MIN(id), MAX(id), SUM(score) FROM users GROUP BY accountId;
+"""
+STATS = ["accountId", "users", "idSum", "idMin", "idMax", "scoreSum"]
+
+
+def stats_user(uid: str, account: str, id_: int, score: float | None = None) -> tuple[str, bytes]:
+    return message(uid, {"uid": uid, "accountId": account, "id": id_, **({"score": score} if score is not None else {})})
+
+
+def test_three_way_left_join_and_sum_min_max_side_by_side(settings_factory, broker, spark):
+    settings = settings_factory(job__restart__delay="3s")  # rides out a loaded machine
     topics = fresh_topics("users", "user_favorite_color", "user_favorite_cheese", "user_favorite_color_and_cheese")
     plan = build_plan(JOIN_SQL.read_text(), topics)
+    stats_topics = fresh_topics("users", "account_stats")
     url = broker.service_url
     columns = ["accountId", "userUid", "favoriteColor", "favoriteCheese"]
-    with Running(settings, plan, "join", spark) as running:
+    publish(url, stats_topics["users"], [stats_user("u1", "A", 5, 1.5), stats_user("u2", "A", 9, 2.0),
+                                         stats_user("u3", "A", 7), stats_user("u4", "B", 1)])
+    with Running(settings, plan, "join", spark) as running, \
+            Running(settings, build_plan(STATS_SQL, stats_topics), "stats", spark) as stats:
         # The seed's messages, unchanged, one side at a time so that each shows in the output.
         steps = [
             ("users", message("103-1", {"uid": "103-1", "accountId": "103", "id": 1, "fullName": "bob", "op": "c"}),
@@ -162,6 +185,14 @@ def test_three_way_left_join_reemits_on_every_side(settings_factory, broker, spa
                                        message("103-1", None)])
         wait_for(lambda: running.result(settings, "join") == [dict(zip(columns, ["104", "104-1", "red", None]))], 90,
                  what="104-1 joined and 103-1 deleted")
+        wait_for(lambda: stats.result(settings, "stats") == [dict(zip(STATS, ["A", 3, 21, 5, 9, 3.5])),
+                                                             dict(zip(STATS, ["B", 1, 1, 1, 1, None]))], 90,
+                 what="COUNT, SUM, MIN and MAX per account")
+        # The maximum leaves for B and the minimum is deleted: both are retracted from A.
+        publish(url, stats_topics["users"], [stats_user("u2", "B", 9, 2.0), message("u1", None)])
+        wait_for(lambda: stats.result(settings, "stats") == [dict(zip(STATS, ["A", 1, 7, 7, 7, None])),
+                                                             dict(zip(STATS, ["B", 2, 10, 1, 9, 2.0]))], 90,
+                 what="SUM, MIN and MAX after the move and the delete")
     on_topic = read_topic(url, topics["user_favorite_color_and_cheese"])
     seed_output = [
         '{"accountId":"103","userUid":"103-1","favoriteColor":null,"favoriteCheese":null}',

@@ -62,6 +62,23 @@ def test_unsupported_statements_fail_with_one_line_naming_the_clause(query, mess
     assert "\n" not in str(caught.value)
 
 
+def test_the_cli_refuses_an_unsupported_statement_with_one_line(capsys):
+    from pipeline.cli import main
+
+    code = main(["--data-dir", "/tmp/unused-sql-cli", "sql", "--statement", USERS.rstrip(";"), "--statement",
+                 COUNTS.rstrip(";"), "--statement", "INSERT INTO counts (accountId, n) SELECT accountId, COUNT(1) "
+                 "FROM users GROUP BY accountId ORDER BY accountId"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err == ("error: ORDER BY is not supported in INSERT INTO counts; supported: SELECT … FROM t GROUP BY … "
+                   "with COUNT, SUM, MIN, MAX; or SELECT … FROM t LEFT JOIN t2 ON t.pk = t2.pk …\n")
+
+
+def test_a_joined_table_whose_columns_are_not_selected_still_has_a_state_column():
+    plan = build_plan(JOIN_SQL.read_text().replace("ufchz.favoriteCheese", "u.fullName"))
+    assert [name for name, _ in envelope_fields(plan) if name.startswith("s2_")] == ["s2_userUid"]
+
+
 def test_a_table_must_be_an_upsert_pulsar_table_with_supported_types():
     with pytest.raises(UnsupportedSql, match=re.escape("WITH 'connector' = 'kafka' is not supported; supported: 'connector' = 'upsert-pulsar'")):
         build_plan(USERS.replace("upsert-pulsar", "kafka"))

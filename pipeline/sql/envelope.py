@@ -44,6 +44,8 @@ def used_columns(plan: Plan) -> list[tuple[int, str]]:
         elif output.argument is not None:
             used.append((0, output.argument))
     used += [(0, column) for column in plan.group_by]
+    # A joined table's key too, so that a side none of whose columns is selected still has state.
+    used += [(side, table.primary_key) for side, table in enumerate(plan.sides) if side]
     seen, result = set(), []
     for side, column in used:
         if (side, column.lower()) not in seen:
