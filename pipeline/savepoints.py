@@ -10,6 +10,10 @@
   and a journal lets the next restore or job start finish (or undo) a restore cut short.
 - A restore warns when the savepoint is older than the orders topic's retention (where the
   admin API tells it): the orders it would re-read may be gone.
+- A restore that went back to batch N rewrote the sinks after N, so a savepoint taken before
+  it at a batch past N counts batches the sinks no longer hold: restoring it is refused in
+  one line (it would lose and double rows). Each finished restore is a line of
+  ``control/restores.jsonl``; each savepoint records how many there were when it was taken.
 """
 
 from __future__ import annotations
@@ -102,7 +106,7 @@ def take_savepoint(settings: Settings, name: str | None = None) -> SavepointInfo
                                        "try again") from None
         size = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
         info = {"name": name, "batch_id": batch_id, "taken_at": iso(now_ms()), "size_bytes": size}
-        (tmp / "savepoint.json").write_text(json.dumps(info))
+        (tmp / "savepoint.json").write_text(json.dumps({**info, "restores_before": len(read_restores(settings))}))
         os.rename(tmp, target)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -187,6 +191,7 @@ def _settle_restore(settings: Settings) -> str | None:
         writer = SinkWriter(settings.data_dir)
         writer.discard_uncommitted(plan["batch_id"])
         writer.drop_published_after(plan["batch_id"])
+        _record_restore(settings, plan)
         shutil.rmtree(copy, ignore_errors=True)  # the old checkpoint, after the swap
         shutil.rmtree(old, ignore_errors=True)
         done = f"finished restoring savepoint {plan['savepoint']!r}"
@@ -214,6 +219,13 @@ def restore_savepoint(settings: Settings, name: str, now: int | None = None) -> 
             known = ", ".join(s.name for s in list_savepoints(settings)) or "none"
             raise ControlError(f"no savepoint named {name!r}; known savepoints: {known}")
         info = matches[0]
+        abandoned = abandoning_restore(info.batch_id, _restores_before(info), read_restores(settings))
+        if abandoned:
+            raise ControlError(
+                f"savepoint {name!r} (batch {info.batch_id}) was taken before the restore of {abandoned['savepoint']!r} "
+                f"went back to batch {abandoned['batch_id']}, and the sinks no longer hold its batches "
+                f"{abandoned['batch_id'] + 1}-{info.batch_id}; restoring it would lose and double rows: restore "
+                "a savepoint taken since, or start afresh in a new data dir")
         warnings = tuple(filter(None, [retention_warning(settings, info, now_ms() if now is None else now)]))
         checkpoint = store.checkpoint_dir(settings.data_dir)
         copy = checkpoint.with_name(".checkpoint.restoring")
@@ -245,6 +257,45 @@ def restore_savepoint(settings: Settings, name: str, now: int | None = None) -> 
                                           name=name, batch_id=info.batch_id, size_bytes=info.size_bytes,
                                           warnings=list(warnings))
     return SavepointInfo(info.name, info.batch_id, info.taken_at, info.size_bytes, info.path, warnings)
+
+
+def abandoning_restore(batch_id: int, restores_before: int, restores: list[dict]) -> dict | None:
+    """The first restore after a savepoint (at ``batch_id``, taken when ``restores_before``
+    restores had finished) that went back before its batch, or None when its batches stand."""
+    return next((r for r in restores[restores_before:] if r["batch_id"] < batch_id), None)
+
+
+def _restores_path(settings: Settings) -> Path:
+    return store.restore_journal_path(settings.data_dir).with_name("restores.jsonl")
+
+
+def read_restores(settings: Settings) -> list[dict]:
+    """Every finished restore, oldest first: ``{"savepoint", "batch_id", "inode", "at"}``."""
+    try:
+        lines = _restores_path(settings).read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def _record_restore(settings: Settings, plan: dict) -> None:
+    # Settling again after a crash must not count one restore twice: the journal's inode names it.
+    if any(r.get("inode") == plan["inode"] for r in read_restores(settings)):
+        return
+    path = _restores_path(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps({"savepoint": plan["savepoint"], "batch_id": plan["batch_id"], "inode": plan["inode"],
+                                 "at": iso(now_ms())}) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _restores_before(info: SavepointInfo) -> int:
+    try:
+        return int(json.loads((info.path / "savepoint.json").read_text()).get("restores_before", 0))
+    except (OSError, ValueError):
+        return 0
 
 
 def _admin_get(settings: Settings, url: str):

@@ -279,3 +279,31 @@ def test_cli_prints_the_retention_warning(crashed_job, admin_api, capsys, monkey
     out = capsys.readouterr()
     assert out.err.startswith("warning: savepoint 'at3' is ") and "keeps messages for 1m" in out.err
     assert "restored savepoint 'at3' (batch 3)" in out.out
+
+
+def test_a_savepoint_from_a_history_a_restore_abandoned_is_refused(crashed_job):
+    """Going back to batch 3 rewrote batches 4 and 5 in the sinks; a savepoint taken before that,
+    at batch 5, would count them as committed: refused in one line. One taken after is fine."""
+    settings = make_settings(crashed_job)
+    write_savepoint(crashed_job, "at5", 6)  # taken before any restore (no restores_before: 0)
+    control.restore_savepoint(settings, "at3")
+    assert [r["batch_id"] for r in savepoints.read_restores(settings)] == [3]
+    with pytest.raises(control.ControlError) as refused:
+        control.restore_savepoint(settings, "at5")
+    message = str(refused.value)
+    assert "'at5' (batch 5)" in message and "'at3' went back to batch 3" in message and "4-5" in message
+    assert "\n" not in message
+    assert last_committed_batch(store.checkpoint_dir(crashed_job)) == 3  # nothing changed
+    taken = control.take_savepoint(settings, "after")  # in the new history: restorable
+    assert json.loads((taken.path / "savepoint.json").read_text())["restores_before"] == 1
+    control.restore_savepoint(settings, "after")
+    control.restore_savepoint(settings, "at3")  # the savepoint the history went back to stays restorable
+    assert len(savepoints.read_restores(settings)) == 3
+
+
+def test_abandoning_restore_is_the_first_that_went_back_past_the_savepoint():
+    restores = [{"savepoint": "a", "batch_id": 9}, {"savepoint": "b", "batch_id": 4}, {"savepoint": "c", "batch_id": 2}]
+    assert savepoints.abandoning_restore(5, 0, restores)["savepoint"] == "b"
+    assert savepoints.abandoning_restore(5, 2, restores)["savepoint"] == "c"
+    assert savepoints.abandoning_restore(2, 0, restores) is None
+    assert savepoints.abandoning_restore(5, 3, restores) is None
