@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import subprocess
 import time
 from collections import Counter
@@ -21,6 +20,7 @@ from pipeline.config import load_settings
 from pipeline.metrics import read_rows
 from pipeline.sinks import SinkWriter, last_committed_batch
 from factories import item, keyed, order, publish, user
+from forkkill import killed_at_step
 from jobproc import JobProcess
 from sinkread import invoices
 from waiting import wait_for
@@ -51,35 +51,6 @@ def _committed_but_staged(data_dir: Path) -> list[int]:
     """Staged batches the commit log already holds: what a crash between commit and publish leaves."""
     last = last_committed_batch(store.checkpoint_dir(data_dir))
     return sorted({b for ids in SinkWriter(data_dir).staged_batches().values() for b in ids if b <= last})
-
-
-def _killed_at_step(action, step: int) -> bool:
-    """Run ``action()`` in a forked child that SIGKILLs itself before its ``step``-th file copy,
-    rename, replace or tree removal; True if it died there, False if the action finished first."""
-    import shutil
-
-    pid = os.fork()
-    if pid == 0:
-        try:
-            count = [0]
-
-            def counted(real):
-                def step_then(*args, **kwargs):
-                    count[0] += 1
-                    if count[0] == step:
-                        os.kill(os.getpid(), signal.SIGKILL)
-                    return real(*args, **kwargs)
-                return step_then
-
-            shutil.copy2, shutil.rmtree = counted(shutil.copy2), counted(shutil.rmtree)
-            os.rename, os.replace = counted(os.rename), counted(os.replace)
-            action()
-            os._exit(0)
-        except BaseException:
-            os._exit(3)
-    _, status = os.waitpid(pid, 0)
-    assert os.WIFSIGNALED(status) or os.WEXITSTATUS(status) == 0, "the action failed instead of being killed"
-    return os.WIFSIGNALED(status)
 
 
 def _fill(disk: Path) -> Path:
@@ -180,7 +151,7 @@ def test_chaos_measured(tmp_path, unique_topics):
         wait_batch(job, "a batch before the savepoints")
         for attempt in range(CHAOS_ROUNDS + 1):
             name = f"cut{attempt}"
-            if _killed_at_step(lambda: control.take_savepoint(settings, name), rng.randint(1, 30)):
+            if killed_at_step(lambda: control.take_savepoint(settings, name), rng.randint(1, 30)):
                 tally["savepoint take kill -9"] += 1
             listed = {s.name: s for s in control.list_savepoints(settings)}
             if name in listed:  # a listed savepoint is always whole
@@ -203,7 +174,7 @@ def test_chaos_measured(tmp_path, unique_topics):
         # 5. restore the savepoint, kill -9 mid-restore at random steps: old or new checkpoint each time
         for attempt in range(CHAOS_ROUNDS + 1):
             before = last_committed_batch(store.checkpoint_dir(data_dir))
-            if _killed_at_step(lambda: control.restore_savepoint(settings, "chaos"), rng.randint(1, 80)):
+            if killed_at_step(lambda: control.restore_savepoint(settings, "chaos"), rng.randint(1, 80)):
                 tally["restore kill -9"] += 1
             with control.acquire_job_lock(settings, "chaos-test"):
                 control.recover_restore(settings)

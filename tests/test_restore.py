@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import threading
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from pipeline import cli, control, savepoints, store
 from pipeline.config import load_settings
 from pipeline.metrics import read_events
 from pipeline.sinks import SCHEMAS, SinkWriter, last_committed_batch
+from forkkill import FILE_STEPS, killed_at_step
 
 TAKEN_AT = "2026-11-22T09:00:00.000Z"
 TAKEN_MS = 1795338000000  # TAKEN_AT in epoch ms
@@ -113,35 +113,9 @@ STEPS = ("copy2", "rename", "replace", "rmtree", "exchange", "unlink")
 def restore_killed_at(data_dir: Path, name: str, step: int, exchange: bool) -> bool:
     """Restore in a forked child that SIGKILLs itself just before its ``step``-th file system
     step; True if it was killed, False if the restore finished first."""
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        try:
-            count = [0]
-
-            def counted(real):
-                def step_then(*args, **kwargs):
-                    count[0] += 1
-                    if count[0] == step:
-                        os.kill(os.getpid(), signal.SIGKILL)
-                    return real(*args, **kwargs)
-                return step_then
-
-            savepoints.shutil.copy2 = counted(savepoints.shutil.copy2)
-            savepoints.shutil.rmtree = counted(savepoints.shutil.rmtree)
-            savepoints.os.rename = counted(savepoints.os.rename)
-            savepoints.os.replace = counted(savepoints.os.replace)
-            savepoints._exchange = counted(savepoints._exchange if exchange else (lambda a, b: False))
-            Path.unlink = counted(Path.unlink)
-            control.restore_savepoint(make_settings(data_dir), name)
-            os._exit(0)
-        except BaseException:
-            os._exit(3)
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        assert os.WTERMSIG(status) == signal.SIGKILL
-        return True
-    assert os.WEXITSTATUS(status) == 0, "the restore failed instead of being killed"
-    return False
+    steps = FILE_STEPS + ((savepoints, "_exchange", savepoints._exchange if exchange else (lambda a, b: False)),
+                          (Path, "unlink"))
+    return killed_at_step(lambda: control.restore_savepoint(make_settings(data_dir), name), step, steps)
 
 
 @pytest.mark.parametrize("exchange", [True, False], ids=["renameat2-exchange", "two-renames"])
