@@ -39,6 +39,9 @@ from pipeline.sql.sink import SqlSinkWriter, build_dead_letters, build_messages,
 
 log = logging.getLogger(__name__)
 PIPELINE_FILE = "pipeline.json"
+# store.ensure_data_dir's write probe is named by the process: pipelines started together in one
+# process (python -m pipeline sql A.sql B.sql) take turns at it.
+_DATA_DIR_CHECK = threading.Lock()
 
 
 class SqlPipelineFailed(StatefulStreamsError):
@@ -181,7 +184,8 @@ def run_sql_pipeline(settings: Settings, plan: Plan, name: str, max_batches: int
     from pipeline.producers import create_producer
     from pipeline.topics import make_client
 
-    root = store.sql_dir(store.ensure_data_dir(settings.data_dir), name)
+    with _DATA_DIR_CHECK:
+        root = store.sql_dir(store.ensure_data_dir(settings.data_dir), name)
     fd = lock_pipeline(root, name)
     own_broker = client = listener = None
     try:
