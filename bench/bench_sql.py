@@ -115,6 +115,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--orders", type=int, default=200_000, help="orders for the job's baseline (0 = skip it)")
     parser.add_argument("--max-rows", type=int, default=200_000, help="job.max_rows_per_batch")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per measurement")
+    parser.add_argument("--skip", action="append", choices=["count", "join"], default=[],
+                        help="leave a pipeline out (repeatable)")
     args = parser.parse_args(argv)
     from pipeline.broker import EmbeddedBroker
     from pipeline.config import load_settings
@@ -136,14 +138,16 @@ def main(argv=None) -> dict:
         settings = load_settings(env={}, cli={"pulsar.service_url": url, "paths.data_dir": str(work / "data"),
                                               "spark.master": "local[2]", "job.max_rows_per_batch": args.max_rows})
         spark = build_spark(settings, app_name="bench-sql")
-        print("count…", flush=True)
-        figures["count"] = run_pipeline(spark, settings, SQL / "user_count_by_account.sql", "count", topics,
-                                        args.keys, (args.keys + 9) // 10, args.timeout)
-        print(f"  {figures['count']['rows_per_s']:,.0f} rows/s", flush=True)
-        print("three-way join…", flush=True)
-        figures["join"] = run_pipeline(spark, settings, SQL / "user_favorite_color_and_cheese.sql", "join", topics,
-                                       3 * args.keys, args.keys, args.timeout)
-        print(f"  {figures['join']['rows_per_s']:,.0f} rows/s", flush=True)
+        if "count" not in args.skip:
+            print("count…", flush=True)
+            figures["count"] = run_pipeline(spark, settings, SQL / "user_count_by_account.sql", "count", topics,
+                                            args.keys, (args.keys + 9) // 10, args.timeout)
+            print(f"  {figures['count']['rows_per_s']:,.0f} rows/s", flush=True)
+        if "join" not in args.skip:
+            print("three-way join…", flush=True)
+            figures["join"] = run_pipeline(spark, settings, SQL / "user_favorite_color_and_cheese.sql", "join",
+                                           topics, 3 * args.keys, args.keys, args.timeout)
+            print(f"  {figures['join']['rows_per_s']:,.0f} rows/s", flush=True)
         if args.orders:
             from bench.bench_throughput import generate, job_run, load_topics
 
@@ -157,11 +161,12 @@ def main(argv=None) -> dict:
             figures["job"] = job_run(job_settings, args.orders, timeout_s=args.timeout)
             print(f"  {figures['job']['orders_per_s']:,.0f} orders/s", flush=True)
         spark.stop()
-    if "job" in figures:
-        figures["count_vs_job"] = figures["count"]["rows_per_s"] / figures["job"]["orders_per_s"]
-        figures["join_vs_job"] = figures["join"]["rows_per_s"] / figures["job"]["orders_per_s"]
+    pipelines = [name for name in ("count", "join") if name in figures]
+    for name in pipelines:
+        if "job" in figures:
+            figures[f"{name}_vs_job"] = figures[name]["rows_per_s"] / figures["job"]["orders_per_s"]
     print("\n| pipeline | rows | rows/s |\n| --- | --- | --- |")
-    for name in ("count", "join"):
+    for name in pipelines:
         print(f"| {name} | {figures[name]['rows']:,} | {figures[name]['rows_per_s']:,.0f} |")
     if "job" in figures:
         print(f"| enrichment job (baseline) | {args.orders:,} orders | {figures['job']['orders_per_s']:,.0f} |")
