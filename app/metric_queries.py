@@ -126,6 +126,26 @@ def load_backlog(connection: Connection, data_dir: Path, limit: int = 300) -> pd
     return frame.drop(columns=["reported_backlog"])
 
 
+def load_watermarks(connection: Connection, data_dir: Path) -> pd.DataFrame:
+    """Event time: each topic's watermark in the newest batch, its lag behind the newest event time
+    read from any topic, and whether it is idle; with the job's watermark (the least of the
+    changelogs', or a later one when a changelog is idle). Empty in processing time.
+
+    Columns ``batch_id, trigger_time, job_watermark, topic, newest, watermark, lag_ms, idle``.
+    """
+    sql = f"""
+        WITH newest AS (SELECT ts_ms, batch_id, watermark_ms, topics FROM {metrics_relation(data_dir, 'watermarks')}
+                        ORDER BY ts_ms DESC LIMIT 1),
+        per_topic AS (SELECT ts_ms, batch_id, watermark_ms, unnest(topics) AS t FROM newest)
+        SELECT batch_id, epoch_ms(ts_ms) AS trigger_time,
+               CASE WHEN watermark_ms IS NOT NULL THEN epoch_ms(watermark_ms) END AS job_watermark, t.topic AS topic,
+               CASE WHEN t.newest_ms IS NOT NULL THEN epoch_ms(t.newest_ms) END AS newest,
+               CASE WHEN t.watermark_ms IS NOT NULL THEN epoch_ms(t.watermark_ms) END AS watermark,
+               t.lag_ms AS lag_ms, t.idle AS idle
+        FROM per_topic ORDER BY topic"""
+    return query_frame(connection, sql)
+
+
 def load_progress_totals(connection: Connection, data_dir: Path) -> pd.DataFrame:
     """Sums over every progress row: ``batches, last_batch_id`` and rows per sink."""
     sql = f"""

@@ -227,7 +227,8 @@ def load_missing_orders(
                p.user_id, p.item_id, p.item_name, p.price, p.reason, p.waited_ms,
                CAST(lu.seen_at AS TIMESTAMP) AS user_seen_at, CAST(li.seen_at AS TIMESTAMP) AS item_seen_at,
                CAST(re.at AS TIMESTAMP) AS redrive_enriched_at, CAST(rm.at AS TIMESTAMP) AS redrive_missing_at,
-               p.redrive_of, p.source_message_id, CAST(p.created_at AS TIMESTAMP) AS created_at
+               p.redrive_of, p.source_message_id, CAST(p.created_at AS TIMESTAMP) AS created_at,
+               CAST(p.user_as_of AS TIMESTAMP) AS user_as_of, CAST(p.item_as_of AS TIMESTAMP) AS item_as_of
         FROM picked p
         LEFT JOIN later_users lu ON lu.row_key = p.row_key
         LEFT JOIN later_items li ON li.row_key = p.row_key

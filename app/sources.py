@@ -83,6 +83,9 @@ METRIC_COLUMNS: dict[str, dict[str, str]] = {
     # Keys held and orders waiting per lookup (pipeline/state.py's census).
     "state": {"ts_ms": "BIGINT", "batch_id": "BIGINT", "lookup": "VARCHAR", "state_rows": "BIGINT",
               "keys_held": "BIGINT", "waiting_keys": "BIGINT", "waiting_orders": "BIGINT"},
+    # Event time only: per batch, the job's watermark and each topic's (pipeline/enrich/event_clock.py).
+    "watermarks": {"ts_ms": "BIGINT", "batch_id": "BIGINT", "watermark_ms": "BIGINT",
+                   "topics": "STRUCT(topic VARCHAR, newest_ms BIGINT, watermark_ms BIGINT, lag_ms BIGINT, idle BOOLEAN)[]"},
 }
 
 
@@ -139,13 +142,20 @@ def sink_relation(data_dir: Path, sink: str, newer_than_ms: int | None = None, n
     return files_relation(sink, files)
 
 
+ADDED_COLUMNS = ("user_as_of", "item_as_of")  # event time (README "Event time"); NULL in older sink files
+
+
 def files_relation(sink: str, files: list[SinkFile]) -> str:
     """FROM-clause text for these catalog files of a sink, or no rows if there are none."""
     if not files:
         return empty_relation(SINK_COLUMNS[sink])
     file_list = "[" + ", ".join(sql_text(entry.path) for entry in files) + "]"
-    # union_by_name: files written before a column was added (user_as_of, item_as_of) read it as NULL
-    return f"read_parquet({file_list}, hive_partitioning = false, union_by_name = true)"
+    relation = f"read_parquet({file_list}, hive_partitioning = false, union_by_name = true)"
+    if sink in ("enriched", "missing_state"):
+        # Files written before the event-time columns existed read them as NULL.
+        added = empty_relation({name: SINK_COLUMNS[sink][name] for name in ADDED_COLUMNS})
+        return f"(SELECT * FROM {added} UNION ALL BY NAME SELECT * FROM {relation})"
+    return relation
 
 
 def metrics_files(data_dir: Path, stream: str) -> list[Path]:

@@ -18,7 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
-from bench import bench_console, bench_latency, bench_recovery, bench_sql, bench_state, bench_throughput  # noqa: E402
+from bench import (bench_console, bench_event_time, bench_latency, bench_recovery, bench_sql, bench_state,  # noqa: E402
+                   bench_throughput)
 from bench.common import RESULTS_DIR, machine, now_utc  # noqa: E402
 
 LATEST = RESULTS_DIR / "latest.json"
@@ -32,6 +33,7 @@ BENCHES = {
     "state": (bench_state, []),
     "console": (bench_console, ["--orders", "5000000"]),
     "sql": (bench_sql, ["--keys", "1000000"]),
+    "event_time": (bench_event_time, []),
 }
 
 
@@ -130,6 +132,15 @@ def figure_rows(results: dict) -> list[tuple[str, str, str, str]]:
             job = sql.get("job", {}).get("orders_per_s")
             rows.append((f"{label}, {sql['keys']:,} keys (rows/s)", _f(sql[name]["rows_per_s"], ",.0f") + _load(sql[name]),
                          f"enrichment job {_f(job, ',.0f')} orders/s", _f(sql.get(f"{name}_vs_job"))))
+    modes = {r["mode"]: r for r in results.get("event_time", {}).get("results", [])}
+    if {"processing", "event"} <= set(modes):
+        processing, event = modes["processing"], modes["event"]
+        rows.append(("event time: backlog orders/s", _f(event["throughput_orders_per_s"], ",.0f"),
+                     f"processing time {_f(processing['throughput_orders_per_s'], ',.0f')}",
+                     _f(event["throughput_orders_per_s"] / processing["throughput_orders_per_s"])))
+        rows.append(("event time: p99 latency (ms)", _f(event["latency_p99_ms"], ",.0f"),
+                     f"processing time {_f(processing['latency_p99_ms'], ',.0f')}",
+                     _f(event["latency_p99_ms"] / processing["latency_p99_ms"] if processing["latency_p99_ms"] else None)))
     for name, figures in results.items():
         if isinstance(figures, dict) and "error" in figures:
             rows.append((f"{name}", "FAILED", figures["error"][:80], "–"))

@@ -51,6 +51,7 @@ def render_backpressure() -> None:
     rates_column.plotly_chart(charts.build_rates_chart(batches), key="rates")
     duration_column.plotly_chart(charts.build_batch_duration_chart(batches), key="durations")
     st.plotly_chart(charts.build_backlog_chart(backlog), key="backlog")
+    render_watermarks()
 
     st.subheader("Newest batches")
     recent = batches.iloc[::-1].head(TABLE_BATCHES)
@@ -68,6 +69,26 @@ def render_backpressure() -> None:
             "processed_rows_per_second": st.column_config.NumberColumn("processed rows/s", format="%.1f"),
         },
     )
+
+
+def render_watermarks() -> None:
+    """Event time only: each topic's watermark, how far it lags, and which changelogs are idle."""
+    watermarks = fetch(metric_queries.load_watermarks, data_dir=data_dir)
+    if watermarks.empty:
+        return
+    st.subheader("Event-time watermarks")
+    idle = watermarks.loc[watermarks["idle"].fillna(False).astype(bool), "topic"].tolist()
+    st.caption(f"Batch {int(watermarks['batch_id'].iloc[0])}. A topic's watermark is the newest event time read from "
+               "it minus enrichment.out_of_orderness; orders wait until both changelogs' watermarks pass their time. "
+               "Lag: how far it is behind the newest event time read from any topic. "
+               + (f"Idle (no longer holding the watermark back): {', '.join(idle)}." if idle else "No topic is idle."))
+    shown = watermarks.assign(idle=watermarks["idle"].map(lambda flag: "idle" if flag else ""))
+    views.render_table(shown[["topic", "watermark", "lag_ms", "newest", "idle", "job_watermark"]], column_config={
+        "watermark": st.column_config.DatetimeColumn("watermark (UTC)", format="YYYY-MM-DD HH:mm:ss.SSS"),
+        "lag_ms": st.column_config.NumberColumn("lag (ms)"),
+        "newest": st.column_config.DatetimeColumn("newest event time read (UTC)", format="YYYY-MM-DD HH:mm:ss.SSS"),
+        "job_watermark": st.column_config.DatetimeColumn("job watermark (UTC)", format="YYYY-MM-DD HH:mm:ss.SSS"),
+    })
 
 
 render_backpressure()

@@ -178,6 +178,8 @@ KEYS: tuple[Key, ...] = (
         "Event time: how far a changelog topic's event times may run out of order (its watermark lags its newest by this)"),
     Key("enrichment.allowed_lateness", "1h", parse_duration,
         "Event time: an order older than the watermark minus this is late (missing_state, reason 'late')"),
+    Key("enrichment.idle_timeout", "30s", parse_duration,
+        "Event time: a changelog with no new message for this long stops holding the watermark back; 0 = never"),
     Key("app.address", "127.0.0.1", _text, "Console bind address"),
     Key("app.port", 8501, _port, "Console port"),
     Key("app.admin_token", None, _optional_text, "Token that control actions require (needed off loopback)"),

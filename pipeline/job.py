@@ -124,11 +124,18 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
         source = source.option("authToken", settings["pulsar.auth_token"])
     source = source.load()
     # {"kind": "orders", "topic": …, "partition": -1, "message_id": "0:5:-1:2", "position": 42, "key": "1001", "value": b"…"}
-    rows = source.mapInArrow(parse_batches, rules.ENVELOPE_SPARK_SCHEMA)
+    parse = parse_batches
+    if settings["enrichment.time"] == "event":  # the parse step stamps the idle changelogs (event_clock.py)
+        from functools import partial
+
+        from pipeline.enrich.event_clock import idle_file
+        parse = partial(parse_batches, idle_path=str(idle_file(settings.data_dir)))
+    rows = source.mapInArrow(parse, rules.ENVELOPE_SPARK_SCHEMA)
     # {"kind": "orders", "op": "order", "user_id": 17, "item_id": 4, …, "user_state": None, "item_state": None}
     if settings["enrichment.time"] == "event":  # versions as of each order's event time (README "Event time")
+        from pipeline.enrich.event_clock import restored_newest
         rows = with_event_watermarks(rows, settings["enrichment.order_time"],
-                                     int(settings["enrichment.out_of_orderness"] * 1000))
+                                     int(settings["enrichment.out_of_orderness"] * 1000), restored_newest(checkpoint))
         for lookup in LOOKUPS:
             rows = apply_event_lookup(rows, lookup, settings.max_wait_ms,
                                       int(settings["enrichment.allowed_lateness"] * 1000))
@@ -144,6 +151,19 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
     return (rows.writeStream.queryName("enrichment").foreachBatch(write_batch)
             .option("checkpointLocation", str(checkpoint))
             .trigger(processingTime=f"{interval_ms} milliseconds").start())
+
+
+def attach_event_clock(spark, metrics_store: MetricsStore, settings: Settings):
+    """In event time, the listener that follows each topic's watermark and idle changelogs
+    (pipeline/enrich/event_clock.py); None in processing time."""
+    if settings["enrichment.time"] != "event":
+        return None
+    from pipeline.enrich.event_clock import EventClockListener
+
+    clock = EventClockListener(metrics_store, settings.data_dir, int(settings["enrichment.out_of_orderness"] * 1000),
+                               int(settings["enrichment.idle_timeout"] * 1000))
+    spark.streams.addListener(clock)
+    return clock
 
 
 def recover_sinks(writer: SinkWriter, settings: Settings) -> int:
@@ -200,7 +220,7 @@ def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event 
         raise StatefulStreamsError(f"max_batches {max_batches!r} must be >= 0 (0 = run until stopped)")
     startup = StartupClock()
     lock = acquire_job_lock(settings, "job")
-    own_broker = listener = census = None
+    own_broker = listener = census = event_clock = None
     try:
         recover_restore(settings)
         check_checkpoint_layout(store.checkpoint_dir(settings.data_dir), checkpoint_layout(settings))
@@ -236,6 +256,7 @@ def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event 
                                int(settings["job.trigger_interval"] * 1000), sc.uiWebUrl, sc.applicationId, on_batch)
         spark.streams.addListener(listener)
         census = StateCensus(spark, store.checkpoint_dir(settings.data_dir), metrics_store, settings.max_wait_ms).start()
+        event_clock = attach_event_clock(spark, metrics_store, settings)
         attempts, delay = settings["job.restart.attempts"], settings["job.restart.delay"]
         startup.mark("listeners")
         metrics_store.event("job_started", f"job started on {settings['spark.master']} reading {service_url} "
@@ -284,6 +305,8 @@ def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event 
             census.stop()
         if listener is not None:
             spark.streams.removeListener(listener)
+        if event_clock is not None:
+            spark.streams.removeListener(event_clock)
         if own_broker is not None:
             own_broker.stop()
         lock.release()

@@ -25,7 +25,7 @@ from pathlib import Path
 from pipeline.errors import ConfigError
 
 SINKS = ("enriched", "missing_state", "dead_letter")
-METRIC_STREAMS = ("progress", "tasks", "events", "state")
+METRIC_STREAMS = ("progress", "tasks", "events", "state", "watermarks")  # watermarks: event time only
 
 
 def sinks_dir(data_dir: Path) -> Path:

@@ -17,6 +17,7 @@ def cli_args(settings) -> list[str]:
     keys = ("pulsar.service_url", "paths.data_dir", "spark.master", "job.trigger_interval", "job.max_rows_per_batch",
             "job.restart.attempts", "job.restart.delay", "enrichment.max_wait", "enrichment.time",
             "enrichment.order_time", "enrichment.out_of_orderness", "enrichment.allowed_lateness",
+            "enrichment.idle_timeout",
             "topics.users", "topics.items", "topics.orders")
     args = []
     for key in keys:

@@ -13,9 +13,11 @@ from __future__ import annotations
 import pulsar
 import pytest
 
+from pipeline import store
 from pipeline.enrich import rules
+from pipeline.enrich.event_clock import restored_newest
 from pipeline.enrich.lookups import ITEMS, USERS
-from pipeline.metrics import read_rows
+from pipeline.metrics import read_events, read_rows
 from pipeline import wire
 from factories import item, order, user
 from jobproc import JobProcess, JobThread
@@ -27,7 +29,8 @@ T0 = 1_700_000_000_000
 ORDERS = 90
 MAX_WAIT_MS = 4_000
 EVENT = {"enrichment__time": "event", "enrichment__max_wait": f"{MAX_WAIT_MS}ms",
-         "enrichment__out_of_orderness": "2s", "enrichment__allowed_lateness": "1h"}
+         "enrichment__out_of_orderness": "2s", "enrichment__allowed_lateness": "1h",
+         "enrichment__idle_timeout": "10m"}  # no topic goes idle here: idleness is processing time
 
 
 def the_input() -> dict[str, list[tuple[str, bytes, int]]]:
@@ -141,10 +144,13 @@ def test_one_big_batch_writes_the_same(published, broker, tmp_path):
 def test_a_kill_9_midway_writes_the_same(published, broker, tmp_path):
     publish_all(published, broker.service_url)
     settings = settings_for(published, tmp_path / "killed", broker, job__max_rows_per_batch=20,
-                            job__trigger_interval="2s")  # batches far apart: the kill lands midway
+                            job__trigger_interval="1s")  # batches apart: the kill lands midway
     job = JobProcess(settings, tmp_path / "job1.log")
     try:
-        wait_for(lambda: read_rows(settings.data_dir, "progress"), timeout=240, what="a committed batch")
+        # A committed batch whose changelog times the event clock has recorded (written just after
+        # the commit; a kill between the two only delays a quiet changelog's watermark).
+        wait_for(lambda: restored_newest(store.checkpoint_dir(settings.data_dir)).keys() >= {"users", "items"},
+                 timeout=240, what="a committed batch and its event times")
     finally:
         job.kill9()
     assert orders_done(settings.data_dir) < ORDERS, "the kill came too late to test anything"
@@ -154,3 +160,34 @@ def test_a_kill_9_midway_writes_the_same(published, broker, tmp_path):
     finally:
         assert job.stop() == 0
     assert written(settings.data_dir) == expected(published["data"])
+
+
+def test_an_idle_changelog_stops_holding_the_watermark_back(broker, tmp_path):
+    """Users stop at T0+5s while orders go on to T0+40s: without idleness no order could ever be
+    decided. Once the users topic has been quiet for the idle timeout, the items read next
+    carry the watermark past the orders."""
+    topics = {k: f"persistent://public/default/{k}-idle-{tmp_path.name}" for k in ("users", "items", "orders")}
+    settings = settings_for({"topics": topics}, tmp_path / "idle", broker, enrichment__idle_timeout="3s")
+    url = broker.service_url
+    publish_timed(url, topics["users"], [(str(u), wire.encode(user(u)), T0 + u * 1_000) for u in (1, 2)])
+    publish_timed(url, topics["items"], [("1", wire.encode(item(1)), T0 + 500)])
+    publish_timed(url, topics["orders"], [(f"o{n}", wire.encode(order(n, 1 + n % 2, 1, createdAt=T0 + 10_000 + n * 1_000)),
+                                           T0 + 10_000 + n * 1_000) for n in range(30)])
+    job = JobThread(settings)
+    try:
+        wait_for(lambda: read_events(settings.data_dir, ("topic_idle",)) or job.error, timeout=240,
+                 what="the quiet changelogs to be marked idle")
+        assert orders_done(settings.data_dir) == 0  # nothing could be decided before
+        publish_timed(url, topics["items"], [("1", wire.encode(item(1, price=7.5)), T0 + 90_000)])
+        wait_for(lambda: orders_done(settings.data_dir) >= 30 or job.error, timeout=120, what="every order decided")
+    finally:
+        job.close()
+    decided = rows(settings.data_dir, "enriched")
+    assert len(decided) == 30 and {r["item_price"] for r in decided} == {11.0}  # the item as of each order's time
+    assert {r["user_first_name"] for r in decided} == {"First1", "First2"}
+    idle = {e["details"]["topic"] for e in read_events(settings.data_dir, ("topic_idle",))}
+    assert "users" in idle
+    marks = read_rows(settings.data_dir, "watermarks")[-1]
+    by_topic = {t["topic"]: t for t in marks["topics"]}
+    assert by_topic["users"]["idle"] and by_topic["users"]["watermark_ms"] == T0 + 2_000 - 2_000
+    assert by_topic["items"]["newest_ms"] == T0 + 90_000 and marks["watermark_ms"] >= T0 + 39_000

@@ -54,6 +54,7 @@ EMPTY_CALLS = {
     "load_latest_lifecycle_event": {},
     "load_event_counts": {},
     "load_replays": {},
+    "load_watermarks": {},
 }
 
 

@@ -98,10 +98,11 @@ def apply_lookup(frame, lookup: Lookup, max_wait_ms: int):
 
 
 EVENT_JVM_CLASS = "statefulstreams.VersionedLookup"
+OBSERVED_PREFIX = "event_time_"  # observed metric per topic (event_clock.py reads them)
 WATERMARK_COLUMN = "watermark_time"  # the timestamp Spark's watermark is taken from (event time only)
 
 
-def with_event_watermarks(frame, order_time: str, out_of_orderness_ms: int):
+def with_event_watermarks(frame, order_time: str, out_of_orderness_ms: int, restored: dict[str, int] | None = None):
     """Envelope rows with their event time (``event_ms``) and Spark's event-time watermark set to
     the least of the changelogs' watermarks (called on the driver while the query is built).
 
@@ -111,22 +112,42 @@ def with_event_watermarks(frame, order_time: str, out_of_orderness_ms: int):
     branch that sees every row of the batch (rows of other topics count as time 0, so a topic
     with nothing read yet holds the watermark at 0); the branches are then cut to disjoint rows
     and united, and Spark keeps the least watermark (its default ``min`` policy). The cost: the
-    source is read and parsed once per branch.
+    source is read and parsed once per branch. A changelog the driver has marked idle (its rows'
+    ``idle_topics``) takes every row's time instead, so it stops holding the watermark back.
+    Each branch observes its topic's newest event time per batch (``event_time_<topic>``).
 
-    # out: {… "event_ms": 1700000000123, "watermark_time": 2023-11-14 22:13:20.123 (users rows) or None}
+    # out: {… "event_ms": 1700000000123} (and Spark's watermark, the least of the changelogs')
     """
     from pyspark.sql import functions as F
 
     message_time = F.coalesce(F.col("event_time"), F.col("published_at"))
     own_time = F.coalesce(F.col("created_at"), message_time) if order_time == "created_at" else message_time
     timed = frame.withColumn("event_ms", F.when(F.col("kind") == "orders", own_time).otherwise(message_time))
-    kind = F.col("kind")
+    kind, idle = F.col("kind"), F.coalesce(F.col("idle_topics"), F.lit(""))
     sides = []
     for lookup, keep in ((USERS, kind != ITEMS.changelog), (ITEMS, kind == ITEMS.changelog)):
-        stamped = F.when(kind == lookup.changelog, F.timestamp_millis(F.col("event_ms")))
-        sides.append(timed.withColumn(WATERMARK_COLUMN, stamped)
-                     .withWatermark(WATERMARK_COLUMN, f"{int(out_of_orderness_ms)} milliseconds").filter(keep))
-    return sides[0].unionByName(sides[1])
+        # an idle changelog (event_clock.py) counts every row's time: it no longer holds the watermark back
+        counts = (kind == lookup.changelog) | F.array_contains(F.split(idle, ","), lookup.changelog)
+        # Rows of other topics count as time 0 (an empty changelog holds the watermark at 0), or,
+        # after a restart, as the newest time this changelog had reached (``restored``): Spark
+        # restores only the job's watermark, and a quiet changelog must not hold it back anew.
+        floor = (F.timestamp_millis(F.lit(int(restored[lookup.changelog])))
+                 if restored and lookup.changelog in restored else F.lit(None).cast("timestamp"))
+        stamped = F.when(counts, F.timestamp_millis(F.col("event_ms"))).otherwise(floor)
+        observed = F.max(F.when(kind == lookup.changelog, F.col("event_ms"))).alias("newest_ms")
+        side = timed.withColumn(WATERMARK_COLUMN, stamped).observe(f"{OBSERVED_PREFIX}{lookup.changelog}", observed)
+        if lookup is USERS:  # the orders' newest time too, for the console (the users side carries the orders)
+            side = side.observe(f"{OBSERVED_PREFIX}orders", F.max(F.when(kind == "orders", F.col("event_ms")))
+                                .alias("newest_ms"))
+        stamp = F.col(WATERMARK_COLUMN)
+        # The cut must stay above the watermark: Spark pushes a filter below a watermark unless it
+        # reads the watermark column, and the branch's watermark must see every row of the batch.
+        cut = F.when(keep, stamp.isNull() | stamp.isNotNull()).otherwise(F.lit(False))
+        sides.append(side.withWatermark(WATERMARK_COLUMN, f"{int(out_of_orderness_ms)} milliseconds").filter(cut))
+    # Spark's stateful operators drop input rows whose event-time column is below the watermark;
+    # without the column the lookups see every row (late orders are decided, never dropped) and
+    # still get the watermark, which the plan's watermark nodes keep.
+    return sides[0].unionByName(sides[1]).drop(WATERMARK_COLUMN)
 
 
 def apply_event_lookup(frame, lookup: Lookup, max_wait_ms: int, allowed_lateness_ms: int):

@@ -24,6 +24,8 @@ would give (tests/test_parse.py holds the two to each other over fuzzed batches)
 from __future__ import annotations
 
 import io
+import json
+from pathlib import Path
 from typing import Iterator
 
 import pyarrow as pa
@@ -54,11 +56,14 @@ _PARSE_OPTIONS = {kind: pj.ParseOptions(explicit_schema=schema, unexpected_field
                                         newlines_in_values=False) for kind, schema in _WIRE_SCHEMAS.items()}
 
 
-def parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def parse_batches(batches: Iterator[pa.RecordBatch], idle_path: str | None = None) -> Iterator[pa.RecordBatch]:
     """Turn source record batches into envelope record batches (``rules.ENVELOPE_SPARK_SCHEMA``).
 
+    ``idle_path`` (event time only): the driver's file of idle changelogs
+    (``event_clock.idle_file``), stamped on every row as ``idle_topics``.
     # {"kind": "orders", "op": "order", "user_id": 17, "item_id": 4, "price": 9.5, …, "user_state": None, …}
     """
+    idle = read_idle(idle_path)
     for batch in batches:
         decided = decide_batch(batch)
         arrays = []
@@ -71,11 +76,24 @@ def parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]
                 arrays.append(pc.divide(pc.cast(batch.column("publish_time"), pa.int64()), 1000))
             elif field.name == "event_time" and "event_time" in batch.schema.names:  # epoch ms, or None
                 arrays.append(batch.column("event_time").cast(field.type))
+            elif field.name == "idle_topics":
+                arrays.append(pa.array([idle] * batch.num_rows, pa.string()))
             elif field.name == "redrive_of":
                 arrays.append(_redrives(batch.column("properties")))
             else:  # filled in by the lookups
                 arrays.append(pa.nulls(batch.num_rows, field.type))
         yield pa.RecordBatch.from_arrays(arrays, schema=ENVELOPE_ARROW_SCHEMA)
+
+
+def read_idle(path: str | None) -> str | None:
+    """The idle changelogs the driver has written (``"items,users"``), or None (none idle, no file)."""
+    if not path:
+        return None
+    try:
+        topics = json.loads(Path(path).read_text()).get("idle") or []
+    except (OSError, ValueError, AttributeError):
+        return None
+    return ",".join(sorted(str(topic) for topic in topics)) or None
 
 
 def decide_batch(batch: pa.RecordBatch) -> pa.RecordBatch:

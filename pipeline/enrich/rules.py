@@ -51,8 +51,9 @@ ENVELOPE_SPARK_SCHEMA = ", ".join([
     "first_seen_ms long, waited_ms long",
     # Event time (enrichment.time = event; null in processing time): the message's event time,
     # the row's own time (an order's time, a version's time), whether the order was late when
-    # first seen (1/0), and per lookup the time of the version it was enriched as of.
-    "event_time long, event_ms long, late long",
+    # first seen (1/0), the changelogs idle when it was parsed ("users,items"; event_clock.py),
+    # and per lookup the time of the version it was enriched as of.
+    "event_time long, event_ms long, late long, idle_topics string",
     *(f"{lookup.as_of_column} long" for lookup in LOOKUPS)])
 ENVELOPE_FIELDS = tuple(part.strip().split(" ")[0] for part in ENVELOPE_SPARK_SCHEMA.split(","))
 # Wire field -> envelope column, per topic. Ids are never null in the envelope (0 where unused),
