@@ -18,8 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
-from bench import (bench_console, bench_event_time, bench_latency, bench_recovery, bench_sql, bench_state,  # noqa: E402
-                   bench_throughput)
+from bench import (bench_console, bench_event_time, bench_latency, bench_recovery, bench_sql, bench_startup,  # noqa: E402
+                   bench_state, bench_throughput)
 from bench.common import RESULTS_DIR, machine, now_utc  # noqa: E402
 
 LATEST = RESULTS_DIR / "latest.json"
@@ -30,6 +30,7 @@ BENCHES = {
     "throughput": (bench_throughput, ["--users", "1000000", "--items", "10000", "--orders", "2000000"]),
     "latency": (bench_latency, []),
     "recovery": (bench_recovery, []),
+    "startup": (bench_startup, []),
     "state": (bench_state, []),
     "console": (bench_console, ["--orders", "5000000"]),
     "sql": (bench_sql, ["--keys", "1000000"]),
@@ -80,6 +81,15 @@ def figure_rows(results: dict) -> list[tuple[str, str, str, str]]:
         rows.append((label, f"{_f(job['p50_s'], '.2f')} / {_f(job['p99_s'], '.2f')} s{flag}{_load(r)}",
                      f"plain reader p99 {_f(reader['p99_s'] * 1000 if reader['p99_s'] is not None else None, '.0f')} ms",
                      _f(r["job_p99_vs_consumer_p99"], ",.0f")))
+    start = results.get("startup", {})
+    if "cold_start_median_s" in start:
+        rows.append(("cold start, spawn to first commit (median)", _f(start["cold_start_median_s"], ".1f", " s"),
+                     f"bare PySpark session + one job {_f(start['bare_spark_median_s'], '.1f')} s",
+                     _f(start["cold_start_vs_bare_spark"])))
+        if start.get("cold_start_without_class_archive_median_s"):
+            rows.append(("cold start without the class archive", _f(start["cold_start_without_class_archive_median_s"], ".1f", " s"),
+                         f"with it {_f(start['cold_start_median_s'], '.1f')} s",
+                         _f(start["cold_start_without_class_archive_median_s"] / start["cold_start_median_s"])))
     rec = results.get("recovery", {})
     if "cold_start" in rec:
         cold = f"cold start {_f(rec['cold_start']['to_first_batch_s'], '.1f')} s"
