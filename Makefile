@@ -9,8 +9,9 @@ STAMP := $(VENV)/.installed
 # rule's prerequisites as it reads the rule).
 LOOKUP_SRC := $(wildcard pipeline/enrich/jvm/statefulstreams/*.java)
 LOOKUP_JAR := pipeline/enrich/jvm/build/changelog-lookup.jar
-# The driver JVM's class-data archive (pipeline/class_archive.py): built by one run of the job.
-CLASS_ARCHIVE := pipeline/enrich/jvm/build/spark-classes.jsa
+# The driver JVM's class-data archive (pipeline/class_archive.py), built by one run of the job;
+# the stamp records the attempt, so a failed one is not retried on every make.
+CLASS_ARCHIVE := pipeline/enrich/jvm/build/spark-classes.stamp
 
 .PHONY: setup system-deps demo test test-fast bench clean
 
@@ -37,7 +38,7 @@ $(LOOKUP_JAR): $(LOOKUP_SRC) $(STAMP)
 # Spark's classes archived for a faster driver start; rebuilt when the jar or the venv changes.
 # A failed training run prints one note and leaves Spark to start without it.
 $(CLASS_ARCHIVE): $(LOOKUP_JAR) $(STAMP) pipeline/class_archive.py
-	@$(PY) -m pipeline.class_archive
+	@$(PY) -m pipeline.class_archive; touch $@
 
 # Spark needs a JRE; the UI smoke test needs Debian's chromium; the exporter's test scrapes with
 # Debian's prometheus (the tests start their own on loopback, so the service the package would
