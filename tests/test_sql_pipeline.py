@@ -133,7 +133,8 @@ def test_count_by_account_updates_moves_and_deletes_exactly_once_through_kill_9(
     assert latest_per_key(on_topic) == {"101": {"accountId": "101", "userCount": 3}}
     assert ("100", "") in on_topic  # account 100's tombstone
     assert ("101", '{"accountId":"101","userCount":3}') in on_topic  # the seed's JSON
-    assert totals["dead_letters"] == 1 and totals["rows_out"] >= 1
+    # Progress rows are appended after each commit, so a kill -9 may cost one row; never a duplicate.
+    assert 2 <= totals["batches"] and totals["dead_letters"] <= 1 and totals["rows_out"] >= 2
     assert [p["name"] for p in list_pipelines(settings.data_dir)] == ["count"]
 
 
