@@ -165,7 +165,7 @@ def test_a_kill_9_midway_writes_the_same(published, broker, tmp_path):
 def test_an_idle_changelog_stops_holding_the_watermark_back(broker, tmp_path):
     """Users stop at T0+5s while orders go on to T0+40s: without idleness no order could ever be
     decided. Once the users topic has been quiet for the idle timeout, the items read next
-    carry the watermark past the orders."""
+    carry the watermark past the orders. Then an order far older than the watermark is late."""
     topics = {k: f"persistent://public/default/{k}-idle-{tmp_path.name}" for k in ("users", "items", "orders")}
     settings = settings_for({"topics": topics}, tmp_path / "idle", broker, enrichment__idle_timeout="3s")
     url = broker.service_url
@@ -180,8 +180,13 @@ def test_an_idle_changelog_stops_holding_the_watermark_back(broker, tmp_path):
         assert orders_done(settings.data_dir) == 0  # nothing could be decided before
         publish_timed(url, topics["items"], [("1", wire.encode(item(1, price=7.5)), T0 + 90_000)])
         wait_for(lambda: orders_done(settings.data_dir) >= 30 or job.error, timeout=120, what="every order decided")
+        # Two hours older than the watermark (allowed lateness 1 h): late, recorded, not dropped.
+        publish_timed(url, topics["orders"], [("o99", wire.encode(order(99, 1, 1, createdAt=T0 - 7_200_000)), T0)])
+        wait_for(lambda: orders_done(settings.data_dir) >= 31 or job.error, timeout=120, what="the late order")
     finally:
         job.close()
+    late = rows(settings.data_dir, "missing_state")
+    assert [(r["invoice_id"], r["reason"], r["user_as_of"]) for r in late] == [(99, "late", None)]
     decided = rows(settings.data_dir, "enriched")
     assert len(decided) == 30 and {r["item_price"] for r in decided} == {11.0}  # the item as of each order's time
     assert {r["user_first_name"] for r in decided} == {"First1", "First2"}
