@@ -44,6 +44,8 @@ class KeyState:
     batch_id: int
     latest: dict | None = None  # the record's state columns, None when nothing is held
     waiting: list[dict] = field(default_factory=list)  # waiting orders: invoice_id, first_seen_ms, …
+    # Event time only: every version held, oldest first ({"version_ms", "tombstone", state columns}).
+    versions: list[dict] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), default=str)
@@ -57,6 +59,9 @@ class KeyState:
             lines.append("  latest: nothing held (never seen, or deleted by a tombstone)")
         else:
             lines.append("  latest: " + ", ".join(f"{k}={v!r}" for k, v in self.latest.items()))
+        for version in self.versions or []:
+            state = ", ".join(f"{k}={v!r}" for k, v in version.items() if k not in ("version_ms", "tombstone"))
+            lines.append(f"  version as of {iso(version['version_ms'])}: " + ("deleted (tombstone)" if version["tombstone"] else state))
         lines.append(f"  waiting: {len(self.waiting)} order(s)")
         lines += [f"    invoice {order['invoice_id']} (message {order['source_message_id']}), "
                   f"waiting since {iso(order['first_seen_ms'])}" for order in self.waiting]
@@ -88,16 +93,37 @@ def inspect_key(spark, checkpoint: Path, lookup: Lookup, key: int) -> KeyState:
     if batch_id < 0:
         return found
     partition = _partition_of(spark, key, _partitions(spark, checkpoint))
-    latest = (_reader(spark, checkpoint, lookup, "latest", batch_id).option("partitionId", partition).load()
-              .filter(f"key.value = {int(key)}").collect())
-    if latest:
-        found.latest = latest[0]["value"].asDict()
+    if is_event_time(checkpoint):
+        # Versions per key (VersionedLookup): the newest one is what a new order would see.
+        rows = (_reader(spark, checkpoint, lookup, "versions", batch_id).option("partitionId", partition)
+                .option("flattenCollectionTypes", "true").load().filter(f"key.value = {int(key)}")
+                .select("list_element.*").collect())
+        state_columns = list(lookup.state_columns)
+        found.versions = sorted(({"version_ms": row["version_ms"], "tombstone": row["tombstone"],
+                                  **{name: row[name] for name in state_columns}} for row in rows),
+                                key=lambda version: version["version_ms"])
+        newest = found.versions[-1] if found.versions else None
+        found.latest = None if newest is None or newest["tombstone"] else \
+            {name: newest[name] for name in state_columns}
+    else:
+        latest = (_reader(spark, checkpoint, lookup, "latest", batch_id).option("partitionId", partition).load()
+                  .filter(f"key.value = {int(key)}").collect())
+        if latest:
+            found.latest = latest[0]["value"].asDict()
     waiting = (_reader(spark, checkpoint, lookup, "waiting", batch_id).option("partitionId", partition)
                .option("flattenCollectionTypes", "true").load().filter(f"key.value = {int(key)}")
                .select("list_element.*").collect())
     found.waiting = [{name: row[name] for name in ("invoice_id", "source_message_id", "first_seen_ms",
                                                     "user_id", "item_id")} for row in waiting]
     return found
+
+
+def is_event_time(checkpoint: Path) -> bool:
+    """Whether the job that wrote this checkpoint ran in event time (its layout marker says)."""
+    from pipeline.job import EVENT_TIME_LAYOUT
+
+    marker = Path(checkpoint) / "layout"
+    return marker.is_file() and marker.read_text().strip() == EVENT_TIME_LAYOUT
 
 
 def count_waiting(spark, checkpoint: Path, lookup: Lookup, batch_id: int) -> tuple[int, int]:

@@ -130,7 +130,7 @@ def test_a_job_reading_while_the_users_arrive_after_the_orders(published, broker
     assert written(settings.data_dir) == expected(published["data"])
 
 
-def test_one_big_batch_writes_the_same(published, broker, tmp_path):
+def test_one_big_batch_writes_the_same(published, broker, tmp_path, spark):
     publish_all(published, broker.service_url)
     settings = settings_for(published, tmp_path / "big", broker, job__max_rows_per_batch=100_000)
     job = JobThread(settings)
@@ -139,6 +139,15 @@ def test_one_big_batch_writes_the_same(published, broker, tmp_path):
     finally:
         job.close()
     assert written(settings.data_dir) == expected(published["data"])
+    # `python -m pipeline state` on an event-time checkpoint: every version held, with its time.
+    from pipeline.state import inspect_key
+
+    checkpoint = store.checkpoint_dir(settings.data_dir)
+    renamed = inspect_key(spark, checkpoint, USERS, 2)
+    assert [v["version_ms"] for v in renamed.versions] == [T0 + 2_000, T0 + 21_000]
+    assert renamed.latest["user_first_name"] == "Renamed2" and "version as of" in renamed.describe()
+    deleted = inspect_key(spark, checkpoint, USERS, 5)
+    assert deleted.versions[-1]["tombstone"] and deleted.latest is None
 
 
 def test_a_kill_9_midway_writes_the_same(published, broker, tmp_path):
