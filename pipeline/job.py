@@ -189,8 +189,16 @@ def finish_batch_in_flight(query, timeout_s: float = 30.0) -> None:
     """Wait, up to ``timeout_s``, for the micro-batch being run to commit, so that stopping the
     query cancels no work (a cancelled batch is redone after a restart, but fills the log with
     Spark's and py4j's traces)."""
+    def last_batch() -> int:
+        progress = query.lastProgress
+        return progress["batchId"] if progress else -1
+
+    # Only the batch running now: with timers pending, Spark starts the next batch right after
+    # it, so "no trigger active" may never be seen.
+    running = last_batch()
     deadline = time.monotonic() + timeout_s
-    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+    while (query.isActive and query.status.get("isTriggerActive") and last_batch() == running
+           and time.monotonic() < deadline):
         time.sleep(0.1)
 
 
