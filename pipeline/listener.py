@@ -29,7 +29,20 @@ log = logging.getLogger(__name__)
 TASKS_WAIT_S = 10.0
 
 
-class JobListener(StreamingQueryListener):
+class ProgressListener(StreamingQueryListener):
+    """A listener that only acts on progress: Spark requires the other callbacks, which do nothing."""
+
+    def onQueryStarted(self, event) -> None:
+        pass
+
+    def onQueryIdle(self, event) -> None:
+        pass
+
+    def onQueryTerminated(self, event) -> None:
+        pass
+
+
+class JobListener(ProgressListener):
     """One per job process; ``on_batch`` lets the job count batches (for ``--max-batches``)."""
 
     def __init__(self, store: MetricsStore, writer: SinkWriter, checkpoint: Path, trigger_interval_ms: int,
@@ -42,15 +55,6 @@ class JobListener(StreamingQueryListener):
         if ui_url:
             threading.Thread(target=self._fetch_tasks_forever, args=(ui_url.rstrip("/"), app_id),
                              name="task-metrics", daemon=True).start()
-
-    def onQueryStarted(self, event) -> None:
-        pass
-
-    def onQueryIdle(self, event) -> None:
-        pass
-
-    def onQueryTerminated(self, event) -> None:
-        pass
 
     def onQueryProgress(self, event) -> None:
         try:

@@ -29,10 +29,9 @@ import os
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pyspark.sql.streaming import StreamingQueryListener
-
 from pipeline import metrics, store
 from pipeline.enrich.lookups import OBSERVED_PREFIX  # observed per topic: event_time_users -> {"newest_ms": …}
+from pipeline.listener import ProgressListener
 
 log = logging.getLogger(__name__)
 CHANGELOGS = ("users", "items")
@@ -82,7 +81,7 @@ def idle_topics(last_moved_ms: dict[str, int], backlog: dict[str, int | None], n
             if now_ms - moved >= timeout_ms and not (backlog.get(topic) or 0)}
 
 
-class EventClockListener(StreamingQueryListener):
+class EventClockListener(ProgressListener):
     """Per-topic watermarks and idle changelogs from the progress of the event-time query."""
 
     def __init__(self, metrics_store: metrics.MetricsStore, data_dir: Path, out_of_orderness_ms: int, idle_timeout_ms: int):
@@ -95,15 +94,6 @@ class EventClockListener(StreamingQueryListener):
         self.last_moved_ms: dict[str, int] = {}
         self.idle: set[str] = set()
         self.write_idle(set())  # a restarted job starts with every changelog active
-
-    def onQueryStarted(self, event) -> None:
-        pass
-
-    def onQueryIdle(self, event) -> None:
-        pass
-
-    def onQueryTerminated(self, event) -> None:
-        pass
 
     def onQueryProgress(self, event) -> None:
         try:

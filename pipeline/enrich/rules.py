@@ -193,6 +193,20 @@ def role_of(row: dict, lookup: Lookup) -> str:
     return LOOKUP if row["op"] == "order" else PASS
 
 
+def split_by_key(rows: Iterable[dict], lookup: Lookup) -> tuple[list[dict], dict[int, list[dict]]]:
+    """A lookup's input split as the operator splits it: rows it passes on untouched, and the
+    rest by key, each tagged with its role (set, delete or lookup)."""
+    passed: list[dict] = []
+    by_key: dict[int, list[dict]] = defaultdict(list)
+    for row in rows:
+        role = role_of(row, lookup)
+        if role == PASS:
+            passed.append(row)
+        else:
+            by_key[row[lookup.id_column]].append({**row, "lookup_role": role})
+    return passed, by_key
+
+
 class LookupModel:
     """One lookup's state and decisions over plain dicts: the specification of ChangelogLookup.
 
@@ -208,14 +222,7 @@ class LookupModel:
 
     def process(self, rows: Iterable[dict], now_ms: int) -> list[dict]:
         """The rows this lookup emits for one batch's input ``rows`` at batch time ``now_ms``."""
-        out: list[dict] = []
-        by_key: dict[int, list[dict]] = defaultdict(list)
-        for row in rows:
-            role = role_of(row, self.lookup)
-            if role == PASS:
-                out.append(row)
-            else:
-                by_key[row[self.lookup.id_column]].append({**row, "lookup_role": role})
+        out, by_key = split_by_key(rows, self.lookup)
         for key, key_rows in by_key.items():
             changes = sorted((r for r in key_rows if r["lookup_role"] in (SET, DELETE)),
                              key=lambda r: tuple(r[column] for column in READ_ORDER))
@@ -366,14 +373,7 @@ class VersionedLookupModel:
         self.waiting: dict[int, list[dict]] = {}
 
     def process(self, rows: Iterable[dict], watermark_ms: int) -> list[dict]:
-        out: list[dict] = []
-        by_key: dict[int, list[dict]] = defaultdict(list)
-        for row in rows:
-            role = role_of(row, self.lookup)
-            if role == PASS:
-                out.append(row)
-            else:
-                by_key[row[self.lookup.id_column]].append({**row, "lookup_role": role})
+        out, by_key = split_by_key(rows, self.lookup)
         for key, key_rows in by_key.items():
             for row in key_rows:
                 if row["lookup_role"] in (SET, DELETE):

@@ -143,19 +143,10 @@ def build_query(spark, settings: Settings, plan: Plan, name: str, service_url: s
 
 
 def make_listener(query_name: str, metrics: MetricsStore, writer: SqlSinkWriter, checkpoint: Path, on_batch):
-    from pyspark.sql.streaming import StreamingQueryListener
+    from pipeline.listener import ProgressListener
 
-    class SqlListener(StreamingQueryListener):
+    class SqlListener(ProgressListener):
         """Publishes this pipeline's committed batches and appends its progress rows."""
-
-        def onQueryStarted(self, event) -> None:
-            pass
-
-        def onQueryIdle(self, event) -> None:
-            pass
-
-        def onQueryTerminated(self, event) -> None:
-            pass
 
         def onQueryProgress(self, event) -> None:
             try:
