@@ -25,6 +25,7 @@ import logging
 import os
 import re
 import shutil
+import uuid
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -238,7 +239,8 @@ def restore_savepoint(settings: Settings, name: str, now: int | None = None) -> 
             writer.publish_committed(min(last_committed_batch(checkpoint), info.batch_id))
             journal.parent.mkdir(parents=True, exist_ok=True)
             journal_tmp = journal.with_name(journal.name + ".tmp")
-            journal_tmp.write_text(json.dumps({"savepoint": name, "batch_id": info.batch_id, "inode": _inode(copy)}))
+            journal_tmp.write_text(json.dumps({"savepoint": name, "batch_id": info.batch_id, "inode": _inode(copy),
+                                               "restore_id": uuid.uuid4().hex}))
             os.replace(journal_tmp, journal)
         except OSError as exc:
             shutil.rmtree(copy, ignore_errors=True)
@@ -270,7 +272,7 @@ def _restores_path(settings: Settings) -> Path:
 
 
 def read_restores(settings: Settings) -> list[dict]:
-    """Every finished restore, oldest first: ``{"savepoint", "batch_id", "inode", "at"}``."""
+    """Every finished restore, oldest first: ``{"savepoint", "batch_id", "restore_id", "at"}``."""
     try:
         lines = _restores_path(settings).read_text().splitlines()
     except FileNotFoundError:
@@ -279,13 +281,15 @@ def read_restores(settings: Settings) -> list[dict]:
 
 
 def _record_restore(settings: Settings, plan: dict) -> None:
-    # Settling again after a crash must not count one restore twice: the journal's inode names it.
-    if any(r.get("inode") == plan["inode"] for r in read_restores(settings)):
+    # Settling again after a crash must not count one restore twice: the journal's id names it
+    # (not the copy's inode, which the file system reuses once a checkpoint is gone).
+    restore_id = plan.get("restore_id")
+    if restore_id and any(r.get("restore_id") == restore_id for r in read_restores(settings)):
         return
     path = _restores_path(settings)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps({"savepoint": plan["savepoint"], "batch_id": plan["batch_id"], "inode": plan["inode"],
+        handle.write(json.dumps({"savepoint": plan["savepoint"], "batch_id": plan["batch_id"], "restore_id": restore_id,
                                  "at": iso(now_ms())}) + "\n")
         handle.flush()
         os.fsync(handle.fileno())
