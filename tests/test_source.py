@@ -222,14 +222,14 @@ def test_look_ahead_reads_on_after_the_broker_drops_its_connection(tmp_path):
     mixes batched and unbatched entries (issue 13, found by fuzzing: tests/test_fuzz_job.py hits
     it). Here the broker restarts under the cursor; the cursor must read on, with no id lost."""
     from pipeline.broker import EmbeddedBroker
-    from pipeline.source import reader as rd
+    from pipeline.source.cursor import PartitionCursor
     from pipeline.source.offsets import EARLIEST
 
     topic = "persistent://public/default/dropped"
     broker = EmbeddedBroker(tmp_path).start()
     try:
         publish(broker.service_url, topic, keyed("orders", [order(n, 1, 1) for n in range(5)]))
-        cursor = rd.PartitionCursor(broker.service_url, topic, "-1", EARLIEST, 0, 1000)
+        cursor = PartitionCursor(broker.service_url, topic, "-1", EARLIEST, 0, 1000)
         try:
             wait_for(lambda: cursor.poll(0.5) is not None and cursor.known_n >= 5, timeout=30, what="the first 5 ids")
             broker.stop()

@@ -55,6 +55,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pipeline.errors import SourceError
 from pipeline.source import offsets as off
 from pipeline.source import reader as rd
+from pipeline.source.cursor import PartitionCursor
 
 log = logging.getLogger(__name__)
 PARTITION_REFRESH_S = 10.0
@@ -117,7 +118,7 @@ class PulsarStreamReader(DataSourceStreamReader):
         self.control_dir = Path(options["controlDir"]) if options.get("controlDir") else None
         self.auth_token = options.get("authToken") or None
         rd.use_token(self.service_url, self.auth_token)
-        self._cursors: dict[tuple[str, str], tuple[int, rd.PartitionCursor]] = {}
+        self._cursors: dict[tuple[str, str], tuple[int, PartitionCursor]] = {}
         self._partitions: dict[str, list[str]] = {}
         self._partitions_at = 0.0
 
@@ -193,7 +194,7 @@ class PulsarStreamReader(DataSourceStreamReader):
             topic["parts"][p] = {"n": cursor.known_n, "id": cursor.id_at(cursor.known_n)}
         return latest
 
-    def _cursor(self, kind: str, gen: int, p: str, start_id: str, start_n: int) -> rd.PartitionCursor:
+    def _cursor(self, kind: str, gen: int, p: str, start_id: str, start_n: int) -> PartitionCursor:
         held = self._cursors.get((kind, p))
         if held is not None:
             held_gen, cursor = held
@@ -201,7 +202,7 @@ class PulsarStreamReader(DataSourceStreamReader):
                 cursor.advance_to(start_n)
                 return cursor
             cursor.close()
-        cursor = rd.PartitionCursor(self.service_url, self.topics[kind], p, start_id, start_n, self.look_ahead)
+        cursor = PartitionCursor(self.service_url, self.topics[kind], p, start_id, start_n, self.look_ahead)
         self._cursors[(kind, p)] = (gen, cursor)
         return cursor
 

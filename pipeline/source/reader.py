@@ -1,9 +1,10 @@
-"""Reading Pulsar partitions with non-durable readers: exact ranges on executors, look-ahead on the driver.
+"""Reading Pulsar partitions with non-durable readers: clients, exact ranges, positions.
 
 - :func:`read_range` (executor): re-reads exactly the messages of one :class:`Range` and yields
   Arrow record batches. Called once per input partition per micro-batch, also after a crash.
-- :class:`PartitionCursor` (driver): reads ahead of the committed position to learn the ids of
-  upcoming messages, so a batch end can be capped at N rows and the backlog can be reported.
+- Clients, readers, partitions and message ids shared with the driver's look-ahead
+  (pipeline/source/cursor.py), and the look-ups a replay needs (:func:`find_position_before`,
+  :func:`last_message_id`).
 
 Only the standard Pulsar protocol is used (readers from message ids; no seek, no
 subscriptions), so the same code runs on pulsar-lite and Apache Pulsar.
@@ -14,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from array import array
 from typing import Iterator
 
 from pipeline.config import pulsar_authentication
@@ -174,7 +174,7 @@ class _RangeStream:
 
     def __init__(self, service_url: str, name: str, topic: str, start_id: str, timeout_s: float):
         self.service_url, self.name, self.topic = service_url, name, topic
-        self.last_id, self.last = start_id, _id_tuple(start_id)
+        self.last_id, self.last = start_id, tuple_of_text(start_id)
         self.deadline = time.monotonic() + timeout_s
         self.client = self.reader = None
         self._open(start_id)
@@ -207,8 +207,8 @@ class _RangeStream:
                     quiet_since = now
                 continue
             found = message.message_id()
-            if _tuple_of(found) > self.last:  # anything else was sent again: seen already
-                self.last, self.last_id = _tuple_of(found), id_text(found)
+            if tuple_of_id(found) > self.last:  # anything else was sent again: seen already
+                self.last, self.last_id = tuple_of_id(found), id_text(found)
                 return message, self.last_id
 
     def close(self) -> None:
@@ -220,12 +220,12 @@ class _RangeStream:
                 pass
 
 
-def _tuple_of(message_id) -> tuple[int, int, int]:
+def tuple_of_id(message_id) -> tuple[int, int, int]:
     """A message id as a tuple that orders like the messages of one partition."""
     return (message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
 
 
-def _id_tuple(text: str) -> tuple[int, int, int]:
+def tuple_of_text(text: str) -> tuple[int, int, int]:
     if text == EARLIEST:
         return (-1, -1, -1)
     pos = Position.parse(text)
@@ -250,142 +250,6 @@ def arrow_schema():
 
 SPARK_SCHEMA = ("kind string, topic string, partition int, message_id string, position long, generation long, "
                 "key string, value binary, publish_time timestamp, properties string, event_time long")
-
-
-class PartitionCursor:
-    """Driver-side look-ahead over one partition of one generation.
-
-    Holds the ids of messages read ahead of ``base_n`` in compact int arrays (24 bytes each),
-    at most ``max_ahead`` of them, so ``id_at(n)`` can end a batch after any number of rows.
-    """
-
-    def __init__(self, service_url: str, topic: str, partition: str, start_id: str, start_n: int, max_ahead: int):
-        self.topic, self.partition = topic, partition
-        self.base_n, self.base_id = start_n, start_id  # position and id of the last consumed message
-        self.max_ahead = max_ahead
-        self._ledgers, self._entries, self._batches = array("q"), array("q"), array("q")
-        # Its own connection: on pulsar-lite 0.2.0 a caught-up reader stops being sent new
-        # messages once another reader on the same connection receives one.
-        self._client = new_client(service_url)
-        self._service_url = service_url
-        self._reader = open_reader(service_url, partition_topic(topic, partition), start_id, client=self._client)
-        self._idle_polls = 0
-        self.redelivered = self._redelivered_logged = 0  # messages the reader sent twice
-
-    @property
-    def known_n(self) -> int:
-        """The newest position seen so far (a lower bound of the latest position)."""
-        return self.base_n + len(self._ledgers)
-
-    def _newest(self) -> tuple[int, int, int]:
-        if self._ledgers:
-            return (self._ledgers[-1], self._entries[-1], self._batches[-1])
-        return _id_tuple(self.base_id)
-
-    def matches(self, start_id: str, start_n: int) -> bool:
-        return self.base_n <= start_n <= self.known_n and self.id_at(start_n) == start_id
-
-    def id_at(self, n: int) -> str:
-        if n == self.base_n:
-            return self.base_id
-        i = n - self.base_n - 1
-        return f"{self._ledgers[i]}:{self._entries[i]}:{int(self.partition)}:{self._batches[i]}"
-
-    def advance_to(self, n: int) -> None:
-        """Forget ids up to position ``n`` (consumed by a planned batch)."""
-        if n <= self.base_n:
-            return
-        self.base_id = self.id_at(n)
-        drop = n - self.base_n
-        del self._ledgers[:drop], self._entries[:drop], self._batches[:drop]
-        self.base_n = n
-
-    def poll(self, budget_s: float = 1.0, first_wait_ms: int = 20, until_n: int | None = None) -> int:
-        """Read ahead for up to ``budget_s``, until nothing more is there, or until position
-        ``until_n`` is known (enough to plan the next batch); returns rows read."""
-        import pulsar
-
-        read = 0
-        deadline = time.monotonic() + budget_s
-        wait_ms = first_wait_ms
-        limit = self.max_ahead if until_n is None else min(self.max_ahead, until_n - self.base_n)
-        reached_end = False
-        while len(self._ledgers) < limit and time.monotonic() < deadline:
-            try:
-                mid = self._reader.read_next(wait_ms).message_id()
-            except pulsar.Timeout:
-                if not self._reader.is_connected():
-                    self._reconnect()
-                    continue
-                reached_end = True
-                break
-            except Exception as exc:
-                raise SourceError(f"reading ahead on {self.topic!r} partition {self.partition} failed: {exc}") from exc
-            if _tuple_of(mid) <= self._newest():
-                # pulsar-lite 0.2.0 sometimes sends whole entries again to a busy reader;
-                # counting a message twice would shift every later position.
-                self.redelivered += 1
-                continue
-            self._ledgers.append(mid.ledger_id())
-            self._entries.append(mid.entry_id())
-            self._batches.append(mid.batch_index())
-            read += 1
-            wait_ms = 2  # the receiver queue is warm; a short wait means we reached the end
-        # Only a poll that waited at the end counts as idle: stopping at a limit is not a stall.
-        if read:
-            self._idle_polls = 0
-        elif reached_end:
-            self._idle_polls += 1
-        if self.redelivered >= self._redelivered_logged + 10_000:
-            log.info("reader on %r partition %s: %d messages sent again so far, skipped", self.topic,
-                     self.partition, self.redelivered)
-            self._redelivered_logged = self.redelivered
-        if reached_end and not read and self._idle_polls % 3 == 0 and len(self._ledgers) < self.max_ahead:
-            self._reopen_if_stalled()
-        return read
-
-    def _reconnect(self) -> None:
-        """Open a new connection and reader at the newest id seen, or fail if the broker is gone.
-
-        pulsar-lite 0.2.0 drops a connection when a reader's automatic cumulative ack puts its
-        subscription in a state it cannot convert ("out of range integral type conversion"), and
-        the client's own reconnect resubscribes under the same name, whose dispatch then keeps
-        failing. A new reader is a new subscription, so it reads on; a broker that is really
-        down fails to open one, and that failure goes to the restart strategy.
-        """
-        log.warning("reader on %r partition %s lost its connection; reopening at %s", self.topic, self.partition,
-                    self.id_at(self.known_n))
-        self.close()
-        try:
-            self._client = new_client(self._service_url)
-            self._reader = open_reader(self._service_url, partition_topic(self.topic, self.partition),
-                                       self.id_at(self.known_n), client=self._client)
-        except Exception as exc:
-            raise SourceError(f"lost the connection to the broker while reading {self.topic!r}: {exc}") from None
-
-    def _reopen_if_stalled(self) -> None:
-        """Reopen the reader at the newest id seen if the broker has messages it does not deliver.
-
-        Seen once on pulsar-lite after a crash-restart: a reader that stays idle while its topic
-        holds unread messages. Asking costs one round trip every third idle poll.
-        """
-        try:
-            waiting = self._reader.has_message_available()
-        except Exception:  # pulsar-lite raises on an empty topic
-            return
-        if waiting:
-            log.warning("reader on %r partition %s stalled; reopening at %s", self.topic, self.partition,
-                        self.id_at(self.known_n))
-            self._reader.close()
-            self._reader = open_reader(self._service_url, partition_topic(self.topic, self.partition),
-                                       self.id_at(self.known_n), client=self._client)
-
-    def close(self) -> None:
-        for closeable in (self._reader, self._client):
-            try:
-                closeable.close()
-            except Exception:  # closing a reader of a dead broker must not mask the real error
-                pass
 
 
 def find_position_before(service_url: str, topic: str, partition: str, time_ms: int, timeout_s: float = 120.0) -> str:
