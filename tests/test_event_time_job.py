@@ -1,5 +1,5 @@
 """Event time through the real job: the sinks equal the batch-free temporal join
-(rules.temporal_join) whatever the batch sizes, the read interleaving, or a kill -9 midway.
+(event_rules.temporal_join) whatever the batch sizes, the read interleaving, or a kill -9 midway.
 
 One input, published once (orders first, then the users, then the items: the orders are read
 before any user exists), and read by three jobs on their own data dirs: one running while it is
@@ -14,7 +14,7 @@ import pulsar
 import pytest
 
 from pipeline import store
-from pipeline.enrich import rules
+from pipeline.enrich import event_rules, rules
 from pipeline.enrich.event_clock import restored_newest
 from pipeline.enrich.lookups import ITEMS, USERS
 from pipeline.metrics import read_events, read_rows
@@ -74,7 +74,7 @@ def expected(data) -> list[tuple]:
     for key, payload, at in data["orders"]:
         routed = rules.route_message("orders", key, payload)
         orders.append({**routed, "event_ms": routed["created_at"]})
-    return sorted(view(row, row["sink"]) for row in rules.temporal_join(versions, orders, MAX_WAIT_MS))
+    return sorted(view(row, row["sink"]) for row in event_rules.temporal_join(versions, orders, MAX_WAIT_MS))
 
 
 def as_ms(value):

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from pipeline import wire
-from pipeline.enrich import rules
+from pipeline.enrich import event_rules, rules
 from pipeline.enrich.lookups import ITEMS, LOOKUPS, USERS
 from factories import item, order, user
 
@@ -30,32 +30,32 @@ A, B, C = ("a",), ("b",), ("c",)
     ([(5, (0, 1), A), (8, (0, 2), None)], 7, 0, (A, 5, 0)),  # as of 7 it was not deleted yet
 ])
 def test_version_at(versions, at, max_wait, expected):
-    assert rules.version_at(versions, at, max_wait) == expected
+    assert event_rules.version_at(versions, at, max_wait) == expected
 
 
 @pytest.mark.parametrize("at,watermark,found,max_wait,due", [
     (10, 10, True, 0, False), (10, 11, True, 0, True), (10, 11, False, 5, False), (10, 15, False, 5, False),
     (10, 16, False, 5, True), (10, 11, False, 0, True)])
 def test_decision_due(at, watermark, found, max_wait, due):
-    assert rules.decision_due(at, watermark, found, max_wait) is due
+    assert event_rules.decision_due(at, watermark, found, max_wait) is due
 
 
 def test_watermark_is_the_least_changelog_and_waits_for_an_empty_one():
-    assert rules.combined_watermark({"users": 10_000, "items": 7_000}, 2_000) == 5_000
-    assert rules.combined_watermark({"users": 10_000, "items": None}, 2_000) == 0
+    assert event_rules.combined_watermark({"users": 10_000, "items": 7_000}, 2_000) == 5_000
+    assert event_rules.combined_watermark({"users": 10_000, "items": None}, 2_000) == 0
 
 
 def test_late_and_pruning():
-    assert rules.is_late(1_000, 10_000, 8_000) and not rules.is_late(2_000, 10_000, 8_000)
+    assert event_rules.is_late(1_000, 10_000, 8_000) and not event_rules.is_late(2_000, 10_000, 8_000)
     history = [(1, (0, 1), A), (2, (0, 2), B), (9, (0, 3), C)]
-    assert rules.prune_versions(history, 5) == [(2, (0, 2), B), (9, (0, 3), C)]  # B still current at 5
-    assert rules.prune_versions([(1, (0, 1), A), (2, (0, 2), None), (9, (0, 3), C)], 5) == [(9, (0, 3), C)]
-    assert rules.prune_versions(history, 0) == history
-    assert rules.prune_horizon(100_000, 10_000, 5_000) == 85_000
+    assert event_rules.prune_versions(history, 5) == [(2, (0, 2), B), (9, (0, 3), C)]  # B still current at 5
+    assert event_rules.prune_versions([(1, (0, 1), A), (2, (0, 2), None), (9, (0, 3), C)], 5) == [(9, (0, 3), C)]
+    assert event_rules.prune_versions(history, 0) == history
+    assert event_rules.prune_horizon(100_000, 10_000, 5_000) == 85_000
 
 
 def test_a_late_order_goes_to_missing_state_with_reason_late():
-    row = {**dict.fromkeys(rules.ENVELOPE_FIELDS), "op": "order", "user_state": rules.LATE, "item_state": rules.LATE}
+    row = {**dict.fromkeys(rules.ENVELOPE_FIELDS), "op": "order", "user_state": event_rules.LATE, "item_state": event_rules.LATE}
     assert rules.sink_of(row) == ("missing_state", "late")
     table = rules.with_sinks(pa.Table.from_pylist([row, {**row, "user_state": "found", "item_state": "missing"}]))
     assert table["reason"].to_pylist() == ["late", "item"]
@@ -111,7 +111,7 @@ def test_any_batching_decides_every_order_as_the_temporal_join(drawn):
     stream, cuts = drawn
     envelopes = {kind: [envelope(k, key, p, at, i + 1, i) for i, (k, key, p, at) in enumerate(messages)]
                  for kind, messages in stream.items()}
-    model = rules.EventEnrichmentModel(MAX_WAIT, allowed_lateness_ms=3_600_000)
+    model = event_rules.EventEnrichmentModel(MAX_WAIT, allowed_lateness_ms=3_600_000)
     read = {kind: 0 for kind in envelopes}
     newest: dict[str, int | None] = {"users": None, "items": None}
     out, batch = [], 0
@@ -121,7 +121,7 @@ def test_any_batching_decides_every_order_as_the_temporal_join(drawn):
             take = max(1, cuts[kind][batch % len(cuts[kind])]) if batch >= len(cuts[kind]) else cuts[kind][batch]
             rows += envelopes[kind][read[kind]:read[kind] + take]
             read[kind] += take
-        watermark = rules.combined_watermark(newest, BOUND)  # Spark's: from the batches before
+        watermark = event_rules.combined_watermark(newest, BOUND)  # Spark's: from the batches before
         out += model.process(rows, watermark)
         for row in rows:
             if row["kind"] in newest:
@@ -135,7 +135,7 @@ def test_any_batching_decides_every_order_as_the_temporal_join(drawn):
             record = tuple(row[c] for c in lookup.state_columns) if row["op"] == "upsert" else None
             versions[lookup.changelog].setdefault(row[lookup.id_column], []).append(
                 (row["event_ms"], (-1, row["position"]), record))
-    want = sorted(decided_view(r) for r in rules.temporal_join(versions, envelopes["orders"], MAX_WAIT))
+    want = sorted(decided_view(r) for r in event_rules.temporal_join(versions, envelopes["orders"], MAX_WAIT))
     assert sorted(decided_view(r) for r in out) == want
 
 
@@ -143,7 +143,7 @@ def test_any_batching_decides_every_order_as_the_temporal_join(drawn):
 @given(streams())
 def test_late_orders_are_counted_never_dropped(drawn):
     stream, _ = drawn
-    model = rules.EventEnrichmentModel(MAX_WAIT, allowed_lateness_ms=1_000)
+    model = event_rules.EventEnrichmentModel(MAX_WAIT, allowed_lateness_ms=1_000)
     rows = [envelope(k, key, p, at, i + 1, i) for i, (k, key, p, at) in enumerate(stream["orders"])]
     out = model.process(rows, T0 + 20_000) + model.process([], T0 + 10**9)
     assert sorted(r["invoice_id"] for r in out) == sorted(r["invoice_id"] for r in rows)

@@ -52,7 +52,7 @@ import scala.jdk.javaapi.CollectionConverters;
  *   <li>Versions older than watermark - allowedLateness - maxWait are dropped, except the newest
  *       of them (still current there).</li>
  * </ol>
- * The decisions are {@code rules.VersionedLookupModel} in {@code pipeline/enrich/rules.py}.
+ * The decisions are {@code event_rules.VersionedLookupModel} in {@code pipeline/enrich/event_rules.py}.
  */
 public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
   private static final long serialVersionUID = 1L;
