@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import logging
 import time
-from array import array
 
 from pipeline.errors import SourceError
-from pipeline.source.reader import tuple_of_text, tuple_of_id, new_client, open_reader, partition_topic
+from pipeline.source.reader import client_message_id, id_text, new_client, open_reader, partition_topic
 
 log = logging.getLogger(__name__)
 
@@ -20,15 +19,17 @@ log = logging.getLogger(__name__)
 class PartitionCursor:
     """Driver-side look-ahead over one partition of one generation.
 
-    Holds the ids of messages read ahead of ``base_n`` in compact int arrays (24 bytes each),
-    at most ``max_ahead`` of them, so ``id_at(n)`` can end a batch after any number of rows.
+    Holds the ids of messages read ahead of ``base_n`` (the client's own id objects, turned into
+    text only where a batch ends), at most ``max_ahead`` of them, so ``id_at(n)`` can end a batch
+    after any number of rows.
     """
 
     def __init__(self, service_url: str, topic: str, partition: str, start_id: str, start_n: int, max_ahead: int):
         self.topic, self.partition = topic, partition
         self.base_n, self.base_id = start_n, start_id  # position and id of the last consumed message
         self.max_ahead = max_ahead
-        self._ledgers, self._entries, self._batches = array("q"), array("q"), array("q")
+        self._ids: list = []
+        self._base = client_message_id(start_id)
         # Its own connection: on pulsar-lite 0.2.0 a caught-up reader stops being sent new
         # messages once another reader on the same connection receives one.
         self._client = new_client(service_url)
@@ -40,12 +41,10 @@ class PartitionCursor:
     @property
     def known_n(self) -> int:
         """The newest position seen so far (a lower bound of the latest position)."""
-        return self.base_n + len(self._ledgers)
+        return self.base_n + len(self._ids)
 
-    def _newest(self) -> tuple[int, int, int]:
-        if self._ledgers:
-            return (self._ledgers[-1], self._entries[-1], self._batches[-1])
-        return tuple_of_text(self.base_id)
+    def _newest(self):
+        return self._ids[-1] if self._ids else self._base
 
     def matches(self, start_id: str, start_n: int) -> bool:
         return self.base_n <= start_n <= self.known_n and self.id_at(start_n) == start_id
@@ -53,16 +52,15 @@ class PartitionCursor:
     def id_at(self, n: int) -> str:
         if n == self.base_n:
             return self.base_id
-        i = n - self.base_n - 1
-        return f"{self._ledgers[i]}:{self._entries[i]}:{int(self.partition)}:{self._batches[i]}"
+        return id_text(self._ids[n - self.base_n - 1])
 
     def advance_to(self, n: int) -> None:
         """Forget ids up to position ``n`` (consumed by a planned batch)."""
         if n <= self.base_n:
             return
         self.base_id = self.id_at(n)
-        drop = n - self.base_n
-        del self._ledgers[:drop], self._entries[:drop], self._batches[:drop]
+        self._base = self._ids[n - self.base_n - 1]
+        del self._ids[:n - self.base_n]
         self.base_n = n
 
     def poll(self, budget_s: float = 1.0, first_wait_ms: int = 20, until_n: int | None = None) -> int:
@@ -75,9 +73,11 @@ class PartitionCursor:
         wait_ms = first_wait_ms
         limit = self.max_ahead if until_n is None else min(self.max_ahead, until_n - self.base_n)
         reached_end = False
-        while len(self._ledgers) < limit and time.monotonic() < deadline:
+        newest = self._newest()
+        while len(self._ids) < limit and time.monotonic() < deadline:
             try:
-                mid = self._reader.read_next(wait_ms).message_id()
+                # the wrapped C++ reader: pulsar-client's Python wrapper costs a call per message
+                mid = self._reader._reader.read_next(wait_ms).message_id()
             except pulsar.Timeout:
                 if not self._reader.is_connected():
                     self._reconnect()
@@ -86,14 +86,13 @@ class PartitionCursor:
                 break
             except Exception as exc:
                 raise SourceError(f"reading ahead on {self.topic!r} partition {self.partition} failed: {exc}") from exc
-            if tuple_of_id(mid) <= self._newest():
+            if not newest < mid:
                 # pulsar-lite 0.2.0 sometimes sends whole entries again to a busy reader;
                 # counting a message twice would shift every later position.
                 self.redelivered += 1
                 continue
-            self._ledgers.append(mid.ledger_id())
-            self._entries.append(mid.entry_id())
-            self._batches.append(mid.batch_index())
+            self._ids.append(mid)
+            newest = mid
             read += 1
             wait_ms = 2  # the receiver queue is warm; a short wait means we reached the end
         # Only a poll that waited at the end counts as idle: stopping at a limit is not a stall.
@@ -105,7 +104,7 @@ class PartitionCursor:
             log.info("reader on %r partition %s: %d messages sent again so far, skipped", self.topic,
                      self.partition, self.redelivered)
             self._redelivered_logged = self.redelivered
-        if reached_end and not read and self._idle_polls % 3 == 0 and len(self._ledgers) < self.max_ahead:
+        if reached_end and not read and self._idle_polls % 3 == 0 and len(self._ids) < self.max_ahead:
             self._reopen_if_stalled()
         return read
 

@@ -53,13 +53,16 @@ def pulsar_client(service_url: str):
     return client
 
 
-def to_message_id(text: str):
-    import pulsar
+def client_message_id(text: str):
+    """A message id text as the C++ client's own id object, as messages carry it: readers start
+    from it, and ids of one partition compare with ``<`` (ledger, entry, batch), which the read
+    loops use to skip messages sent again."""
+    import _pulsar
 
     if text == EARLIEST:
-        return pulsar.MessageId.earliest
+        return _pulsar.MessageId.earliest
     pos = Position.parse(text)
-    return pulsar.MessageId(pos.partition, pos.ledger, pos.entry, pos.batch)
+    return _pulsar.MessageId(pos.partition, pos.ledger, pos.entry, pos.batch)
 
 
 def id_text(message_id) -> str:
@@ -75,7 +78,7 @@ def open_reader(service_url: str, topic: str, start_id: str, receiver_queue: int
     """A non-durable reader positioned right after ``start_id`` (or at the earliest message)."""
     try:
         return (client or pulsar_client(service_url)).create_reader(
-            topic, to_message_id(start_id), receiver_queue_size=receiver_queue)
+            topic, client_message_id(start_id), receiver_queue_size=receiver_queue)
     except Exception as exc:  # the C++ client raises its own types (Timeout, TopicNotFound, …)
         raise SourceError(f"cannot open a reader on {topic!r} at {start_id!r} via {service_url!r}: {exc}") from exc
 
@@ -97,38 +100,50 @@ def read_range(service_url: str, topic: str, kind: str, rng: Range, read_timeout
     # {"kind": "orders", "topic": "persistent://…/orders", "partition": -1, "message_id": "0:5:-1:2",
     #  "position": 42, "generation": 0, "key": "1001", "value": b'{…}', "publish_time": ts, "properties": None}
     """
-    import pyarrow as pa
-
     stream = _RangeStream(service_url, partition_topic(topic, rng.partition), topic, rng.start_id, read_timeout_s)
-    schema = arrow_schema()
-    columns = _empty_columns()
-    partition = int(rng.partition)
+    position = rng.start_n
+    last_id = None
     try:
-        for position in range(rng.start_n + 1, rng.end_n + 1):
-            message, message_id = stream.next()
-            key, properties = read_key_and_properties(message)
-            columns["kind"].append(kind)
-            columns["topic"].append(topic)
-            columns["partition"].append(partition)
-            columns["message_id"].append(message_id)
-            columns["position"].append(position)
-            columns["generation"].append(rng.gen)
-            columns["key"].append(key)
-            columns["value"].append(message.data())
-            columns["publish_time"].append(message.publish_timestamp() * 1000)
-            columns["properties"].append(properties)
-            columns["event_time"].append(message.event_timestamp() or None)  # 0: the producer set none
-            if len(columns["kind"]) >= ARROW_BATCH_ROWS:
-                yield pa.RecordBatch.from_pydict(columns, schema=schema)
-                columns = _empty_columns()
-        if columns["kind"]:
-            last = columns["message_id"][-1]
-            if last != rng.end_id and rng.end_id != EARLIEST:
-                raise SourceError(f"{topic!r} partition {rng.partition}: expected to end at {rng.end_id}, read {last}; "
-                                  "the topic changed under the source (was it truncated or recreated?)")
-            yield pa.RecordBatch.from_pydict(columns, schema=schema)
+        while position < rng.end_n:
+            block = stream.read(min(ARROW_BATCH_ROWS, rng.end_n - position))
+            batch = block.to_arrow(kind, topic, int(rng.partition), position, rng.gen)
+            last_id = batch.column("message_id")[-1].as_py()
+            position += batch.num_rows
+            yield batch
+        if last_id is not None and last_id != rng.end_id and rng.end_id != EARLIEST:
+            raise SourceError(f"{topic!r} partition {rng.partition}: expected to end at {rng.end_id}, read {last_id}; "
+                              "the topic changed under the source (was it truncated or recreated?)")
     finally:
         stream.close()
+
+
+class _Block:
+    """Messages read in a row, as column lists, turned into one Arrow record batch at once.
+
+    Only what differs per message is taken from the client (``_RangeStream.read`` fills the
+    lists); the constant columns, the positions and the id texts are built column-wise by Arrow.
+    """
+
+    def __init__(self):
+        self.ids, self.keys, self.values, self.published, self.event_times, self.properties = [], [], [], [], [], []
+
+    def to_arrow(self, kind: str, topic: str, partition: int, start_n: int, gen: int):
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        n = len(self.ids)
+        # str(MessageId) is "(ledger,entry,partition,batch)": our id text in the same order
+        id_texts = pa.array(list(map(str, self.ids)), pa.string())
+        message_ids = pc.replace_substring(pc.utf8_slice_codeunits(id_texts, 1, -1), ",", ":")
+        published = pc.multiply(pa.array(self.published, pa.int64()), 1000).cast(pa.timestamp("us", tz="UTC"))
+        event_times = pa.array(self.event_times, pa.int64())
+        columns = [pa.repeat(kind, n), pa.repeat(topic, n), pa.repeat(pa.scalar(partition, pa.int32()), n),
+                   message_ids, pa.array(np.arange(start_n + 1, start_n + n + 1, dtype=np.int64)),
+                   pa.repeat(pa.scalar(gen, pa.int64()), n), pa.array(self.keys, pa.string()),
+                   pa.array(self.values, pa.binary()), published, pa.array(self.properties, pa.string()),
+                   pc.if_else(pc.equal(event_times, 0), None, event_times)]  # 0: the producer set none
+        return pa.RecordBatch.from_arrays(columns, schema=arrow_schema())
 
 
 def read_key_and_properties(message) -> tuple[str | None, str | None]:
@@ -174,7 +189,8 @@ class _RangeStream:
 
     def __init__(self, service_url: str, name: str, topic: str, start_id: str, timeout_s: float):
         self.service_url, self.name, self.topic = service_url, name, topic
-        self.last_id, self.last = start_id, tuple_of_text(start_id)
+        self.start_id = start_id
+        self.last = self._start = client_message_id(start_id)
         self.deadline = time.monotonic() + timeout_s
         self.client = self.reader = None
         self._open(start_id)
@@ -186,30 +202,54 @@ class _RangeStream:
             raise SourceError(f"cannot connect to {self.service_url!r} to read {self.topic!r}: {exc}") from exc
         self.reader = open_reader(self.service_url, self.name, start_id, client=self.client)
 
-    def next(self):
-        """The next message not seen yet, and its id text."""
+    def read(self, count: int) -> _Block:
+        """The next ``count`` messages not seen yet (it raises if the deadline passes first)."""
         import pulsar
 
+        block = _Block()
+        ids, keys, values, published, event_times, properties = (
+            block.ids, block.keys, block.values, block.published, block.event_times, block.properties)
+        # This loop is the source's whole cost (each call into pulsar-client costs about half a
+        # microsecond), so it calls the C++ reader under pulsar-client's Python wrapper directly
+        # and keeps every lookup local.
+        read_next = self.reader._reader.read_next
+        last, got = self.last, 0
         quiet_since = time.monotonic()
-        while True:
+        while got < count:
             try:
-                message = self.reader.read_next(250)
+                message = read_next(250)
             except pulsar.Timeout:
                 now = time.monotonic()
                 if now > self.deadline:
                     raise SourceError(f"timed out re-reading committed messages of {self.topic!r}; "
                                       "is the broker up?") from None
                 if now - quiet_since > self.STALL_S:
-                    log.warning("reader on %r stalled after %s; reopening on a new connection", self.name,
-                                self.last_id)
+                    after = self.start_id if last is self._start else id_text(last)
+                    log.warning("reader on %r stalled after %s; reopening on a new connection", self.name, after)
                     self.close()
-                    self._open(self.last_id)
+                    self._open(after)
+                    read_next = self.reader._reader.read_next
                     quiet_since = now
                 continue
             found = message.message_id()
-            if tuple_of_id(found) > self.last:  # anything else was sent again: seen already
-                self.last, self.last_id = tuple_of_id(found), id_text(found)
-                return message, self.last_id
+            if not last < found:  # sent again: seen already
+                continue
+            last = found
+            try:
+                key, props = message.partition_key() or None, message.properties()
+            except UnicodeDecodeError:  # rare: bytes that are not UTF-8, read the careful way
+                key, props_json = read_key_and_properties(message)
+            else:
+                props_json = json.dumps(props, sort_keys=True) if props else None
+            ids.append(found)
+            keys.append(key)
+            properties.append(props_json)
+            values.append(message.data())
+            published.append(message.publish_timestamp())
+            event_times.append(message.event_timestamp())
+            got += 1
+        self.last = last
+        return block
 
     def close(self) -> None:
         for closeable in (self.reader, self.client):
@@ -218,23 +258,6 @@ class _RangeStream:
                     closeable.close()
             except Exception:  # closing a reader of a dead broker must not mask the real error
                 pass
-
-
-def tuple_of_id(message_id) -> tuple[int, int, int]:
-    """A message id as a tuple that orders like the messages of one partition."""
-    return (message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
-
-
-def tuple_of_text(text: str) -> tuple[int, int, int]:
-    if text == EARLIEST:
-        return (-1, -1, -1)
-    pos = Position.parse(text)
-    return (pos.ledger, pos.entry, pos.batch)
-
-
-def _empty_columns() -> dict[str, list]:
-    return {name: [] for name in ("kind", "topic", "partition", "message_id", "position", "generation",
-                                  "key", "value", "publish_time", "properties", "event_time")}
 
 
 def arrow_schema():
