@@ -115,12 +115,11 @@ def phase_means(progress: list[dict]) -> dict:
 
 def stateless_baseline(spark, url: str, topics: dict, work: Path, orders: int, max_rows: int,
                        timeout_s: float = 1800) -> dict:
-    """Our source and parse step alone: ``source -> mapInArrow(parse_batches) -> no-op foreachBatch``.
+    """Our source and parse step alone, as the job reads: ``source (transform=parse_batches) -> no-op foreachBatch``.
 
     The foreachBatch runs the batch through Spark's ``noop`` writer: every row is read and
     parsed on the executors, nothing is collected or written; a batch holds up to ``max_rows`` rows.
     """
-    from pipeline.enrich.parse import parse_batches
     from pipeline.enrich.rules import ENVELOPE_SPARK_SCHEMA
     from pipeline.source.datasource import PulsarDataSource
 
@@ -129,9 +128,9 @@ def stateless_baseline(spark, url: str, topics: dict, work: Path, orders: int, m
     def discard(df, batch_id):
         df.write.format("noop").mode("overwrite").save()
 
-    source = (spark.readStream.format("pulsar").option("service_url", url)
-              .option("topics", f"orders={topics['orders']}").option("maxRowsPerBatch", max_rows).load())
-    envelopes = source.mapInArrow(parse_batches, ENVELOPE_SPARK_SCHEMA)
+    envelopes = (spark.readStream.format("pulsar").schema(ENVELOPE_SPARK_SCHEMA).option("service_url", url)
+                 .option("topics", f"orders={topics['orders']}").option("maxRowsPerBatch", max_rows)
+                 .option("transform", "pipeline.enrich.parse:parse_batches").load())
     query = (envelopes.writeStream.foreachBatch(discard)
              .option("checkpointLocation", str(work / "stateless-ck")).trigger(processingTime="1 second").start())
     deadline = time.monotonic() + timeout_s

@@ -2,11 +2,11 @@
 
 ``python -m pipeline run`` calls :func:`run_forever`. The query plan is one chain::
 
-    pulsar source ─ mapInArrow(parse) ─ groupByKey(user_id).transformWithState(ChangelogLookup)
+    pulsar source (+ parse) ─ groupByKey(user_id).transformWithState(ChangelogLookup)
                   ─ groupByKey(item_id).transformWithState(ChangelogLookup) ─ foreachBatch(sinks)
 
-The lookups are one Java operator used twice (pipeline/enrich/lookups.py, jvm/); everything
-else is Python.
+The parse step runs inside the source's read tasks (its ``transform`` option). The lookups are
+one Java operator used twice (pipeline/enrich/lookups.py, jvm/); everything else is Python.
 
 On failure the query restarts from its last checkpoint up to ``job.restart.attempts`` times,
 ``job.restart.delay`` apart; each attempt is an event. Sink or checkpoint path errors stop the
@@ -15,6 +15,7 @@ job at once: retrying cannot fix a full disk or a read-only folder.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -104,7 +105,6 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
     """Start the streaming query (returns the StreamingQuery)."""
     from pipeline.enrich import rules
     from pipeline.enrich.lookups import LOOKUPS, apply_event_lookup, apply_lookup, with_event_watermarks
-    from pipeline.enrich.parse import parse_batches
     from pipeline.source.datasource import PulsarDataSource
     from pipeline.spark import shuffle_partitions
 
@@ -115,22 +115,20 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
     # About two read tasks per core for a full batch: each task opens a reader mid-topic, which costs
     # far more than reading on (measured: 10k-row pieces took twice as long as 50k ones).
     split_rows = max(10_000, max_rows // (2 * shuffle_partitions(settings)))
-    source = (spark.readStream.format("pulsar").option("service_url", service_url).option("topics", topics)
+    # The parse step runs in each read task (the source's ``transform``): rows leave Python once.
+    source = (spark.readStream.format("pulsar").schema(rules.ENVELOPE_SPARK_SCHEMA)
+              .option("service_url", service_url).option("topics", topics)
               .option("maxRowsPerBatch", max_rows).option("splitRows", split_rows)
               .option("startingOffsets", settings["job.start_from"])
-              .option("controlDir", str(store.replay_requests_dir(settings.data_dir))))
+              .option("controlDir", str(store.replay_requests_dir(settings.data_dir)))
+              .option("transform", "pipeline.enrich.parse:parse_batches"))
     if settings["pulsar.auth_token"]:
         # Spark redacts option values whose key says "token" from plans and its UI.
         source = source.option("authToken", settings["pulsar.auth_token"])
-    source = source.load()
-    # {"kind": "orders", "topic": …, "partition": -1, "message_id": "0:5:-1:2", "position": 42, "key": "1001", "value": b"…"}
-    parse = parse_batches
     if settings["enrichment.time"] == "event":  # the parse step stamps the idle changelogs (event_clock.py)
-        from functools import partial
-
         from pipeline.enrich.event_clock import idle_file
-        parse = partial(parse_batches, idle_path=str(idle_file(settings.data_dir)))
-    rows = source.mapInArrow(parse, rules.ENVELOPE_SPARK_SCHEMA)
+        source = source.option("transformArgs", json.dumps({"idle_path": str(idle_file(settings.data_dir))}))
+    rows = source.load()
     # {"kind": "orders", "op": "order", "user_id": 17, "item_id": 4, …, "user_state": None, "item_state": None}
     if settings["enrichment.time"] == "event":  # versions as of each order's event time (README "Event time")
         from pipeline.enrich.event_clock import restored_newest

@@ -11,7 +11,7 @@ import pytest
 from pulsar.schema import Float, Integer, JsonSchema, Long, Record, String
 
 from pipeline import wire
-from pipeline.source.datasource import PulsarDataSource, parse_topics_option
+from pipeline.source.datasource import PulsarDataSource, PulsarStreamReader, load_transform, parse_topics_option
 from pipeline.errors import SourceError
 from factories import keyed, order, publish, user
 from waiting import wait_for
@@ -118,6 +118,37 @@ def test_bad_options_name_the_option():
         parse_topics_option("orders")
     with pytest.raises(SourceError, match="option 'topics' is required"):
         parse_topics_option("")
+
+
+def test_a_transform_runs_in_the_read_tasks_and_bad_ones_name_the_option(spark, broker, unique_topics, tmp_path):
+    from pipeline.enrich.rules import ENVELOPE_SPARK_SCHEMA
+
+    topics = unique_topics()
+    publish(broker.service_url, topics["orders"], keyed("orders", [order(n, 7, 3) for n in range(30)]))
+    publish(broker.service_url, topics["orders"], [("x", b"{not json")])
+    spark.dataSource.register(PulsarDataSource)
+    envelopes = (spark.readStream.format("pulsar").schema(ENVELOPE_SPARK_SCHEMA)
+                 .option("service_url", broker.service_url).option("topics", f"orders={topics['orders']}")
+                 .option("transform", "pipeline.enrich.parse:parse_batches").load())
+    batches: dict = {}
+    query = (envelopes.writeStream.foreachBatch(collect_into(batches))
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(processingTime="200 milliseconds").start())
+    try:
+        wait_for(lambda: len(all_rows(batches)) >= 31, timeout=120, what="31 envelope rows")
+    finally:
+        query.stop()
+    rows = all_rows(batches)
+    assert [r["op"] for r in rows] == ["order"] * 30 + ["dead"]
+    assert {(r["user_id"], r["item_id"]) for r in rows[:30]} == {(7, 3)}
+    assert rows[-1]["error"] and "\n" not in rows[-1]["error"]
+
+    options = {"service_url": broker.service_url, "topics": f"orders={topics['orders']}"}
+    with pytest.raises(SourceError, match="option 'transform' = 'pipeline.enrich.parse:nope' cannot be loaded"):
+        PulsarStreamReader({**options, "transform": "pipeline.enrich.parse:nope"})
+    with pytest.raises(SourceError, match="option 'transformArgs' = '{bad' is not a JSON object"):
+        load_transform("pipeline.enrich.parse:parse_batches", "{bad")
+    with pytest.raises(SourceError, match="a schema was given .* but no 'transform' option"):
+        PulsarStreamReader(options, envelopes.schema)
 
 
 class JavaOrder(Record):

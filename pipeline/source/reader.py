@@ -273,6 +273,7 @@ def arrow_schema():
 
 SPARK_SCHEMA = ("kind string, topic string, partition int, message_id string, position long, generation long, "
                 "key string, value binary, publish_time timestamp, properties string, event_time long")
+SPARK_SCHEMA_NAMES = [column.split()[0] for column in SPARK_SCHEMA.split(", ")]
 
 
 def find_position_before(service_url: str, topic: str, partition: str, time_ms: int, timeout_s: float = 120.0) -> str:
