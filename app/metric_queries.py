@@ -127,22 +127,44 @@ def load_backlog(connection: Connection, data_dir: Path, limit: int = 300) -> pd
 
 
 def load_watermarks(connection: Connection, data_dir: Path) -> pd.DataFrame:
-    """Event time: each topic's watermark in the newest batch, its lag behind the newest event time
-    read from any topic, and whether it is idle; with the job's watermark (the least of the
-    changelogs', or a later one when a changelog is idle). Empty in processing time.
+    """Event time: each topic's watermark in the newest batch (the least of its partitions'), its
+    lag behind the newest event time read from any topic, whether it is idle, and the late
+    changelog versions counted over every batch; with the job's watermark (the least of the
+    changelogs', or a later one when a partition is idle). Empty in processing time.
 
-    Columns ``batch_id, trigger_time, job_watermark, topic, newest, watermark, lag_ms, idle``.
+    Columns ``batch_id, trigger_time, job_watermark, topic, newest, watermark, lag_ms, idle,
+    late_versions``.
     """
+    relation = metrics_relation(data_dir, 'watermarks')
     sql = f"""
-        WITH newest AS (SELECT ts_ms, batch_id, watermark_ms, topics FROM {metrics_relation(data_dir, 'watermarks')}
-                        ORDER BY ts_ms DESC LIMIT 1),
-        per_topic AS (SELECT ts_ms, batch_id, watermark_ms, unnest(topics) AS t FROM newest)
+        WITH newest AS (SELECT ts_ms, batch_id, watermark_ms, topics FROM {relation} ORDER BY ts_ms DESC LIMIT 1),
+        per_topic AS (SELECT ts_ms, batch_id, watermark_ms, unnest(topics) AS t FROM newest),
+        late AS (SELECT t.topic AS topic, sum(t.late_versions) AS late_versions
+                 FROM (SELECT unnest(topics) AS t FROM {relation}) GROUP BY t.topic)
         SELECT batch_id, epoch_ms(ts_ms) AS trigger_time,
                CASE WHEN watermark_ms IS NOT NULL THEN epoch_ms(watermark_ms) END AS job_watermark, t.topic AS topic,
                CASE WHEN t.newest_ms IS NOT NULL THEN epoch_ms(t.newest_ms) END AS newest,
                CASE WHEN t.watermark_ms IS NOT NULL THEN epoch_ms(t.watermark_ms) END AS watermark,
-               t.lag_ms AS lag_ms, t.idle AS idle
-        FROM per_topic ORDER BY topic"""
+               t.lag_ms AS lag_ms, t.idle AS idle, CAST(late.late_versions AS BIGINT) AS late_versions
+        FROM per_topic LEFT JOIN late ON late.topic = t.topic ORDER BY t.topic"""
+    return query_frame(connection, sql)
+
+
+def load_partition_watermarks(connection: Connection, data_dir: Path) -> pd.DataFrame:
+    """Event time: the watermark of each partition of each partitioned topic in the newest batch
+    (empty when no topic has several partitions).
+
+    Columns ``topic, partition, newest, watermark, idle``.
+    """
+    sql = f"""
+        WITH newest AS (SELECT ts_ms, topics FROM {metrics_relation(data_dir, 'watermarks')}
+                        ORDER BY ts_ms DESC LIMIT 1),
+        per_topic AS (SELECT unnest(topics) AS t FROM newest),
+        parts AS (SELECT t.topic AS topic, unnest(t.partitions) AS p FROM per_topic)
+        SELECT topic, p.partition AS partition,
+               CASE WHEN p.newest_ms IS NOT NULL THEN epoch_ms(p.newest_ms) END AS newest,
+               CASE WHEN p.watermark_ms IS NOT NULL THEN epoch_ms(p.watermark_ms) END AS watermark, p.idle AS idle
+        FROM parts ORDER BY topic, partition"""
     return query_frame(connection, sql)
 
 

@@ -85,7 +85,9 @@ METRIC_COLUMNS: dict[str, dict[str, str]] = {
               "keys_held": "BIGINT", "waiting_keys": "BIGINT", "waiting_orders": "BIGINT"},
     # Event time only: per batch, the job's watermark and each topic's (pipeline/enrich/event_clock.py).
     "watermarks": {"ts_ms": "BIGINT", "batch_id": "BIGINT", "watermark_ms": "BIGINT",
-                   "topics": "STRUCT(topic VARCHAR, newest_ms BIGINT, watermark_ms BIGINT, lag_ms BIGINT, idle BOOLEAN)[]"},
+                   "topics": "STRUCT(topic VARCHAR, newest_ms BIGINT, watermark_ms BIGINT, lag_ms BIGINT, idle BOOLEAN, "
+                             "late_versions BIGINT, partitions STRUCT(partition BIGINT, newest_ms BIGINT, "
+                             "watermark_ms BIGINT, idle BOOLEAN)[])[]"},
 }
 
 

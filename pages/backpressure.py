@@ -72,23 +72,33 @@ def render_backpressure() -> None:
 
 
 def render_watermarks() -> None:
-    """Event time only: each topic's watermark, how far it lags, and which changelogs are idle."""
+    """Event time only: each topic's watermark, how far it lags, which partitions are idle, and
+    the late changelog versions counted."""
     watermarks = fetch(metric_queries.load_watermarks, data_dir=data_dir)
     if watermarks.empty:
         return
     st.subheader("Event-time watermarks")
+    partitions = fetch(metric_queries.load_partition_watermarks, data_dir=data_dir)
     idle = watermarks.loc[watermarks["idle"].fillna(False).astype(bool), "topic"].tolist()
-    st.caption(f"Batch {int(watermarks['batch_id'].iloc[0])}. A topic's watermark is the newest event time read from "
-               "it minus enrichment.out_of_orderness; orders wait until both changelogs' watermarks pass their time. "
-               "Lag: how far it is behind the newest event time read from any topic. "
-               + (f"Idle (no longer holding the watermark back): {', '.join(idle)}." if idle else "No topic is idle."))
+    idle += [f"{row.topic} partition {int(row.partition)}" for row in partitions.itertuples()
+             if row.idle and row.topic not in idle]
+    st.caption(f"Batch {int(watermarks['batch_id'].iloc[0])}. A partition's watermark is the newest event time read "
+               "from it minus enrichment.out_of_orderness, a topic's the least of its partitions'; orders wait "
+               "until every partition of both changelogs has passed their time. "
+               "Lag: how far it is behind the newest event time read from any topic. Late versions: changelog "
+               "versions read older than the watermark minus enrichment.allowed_lateness (stored, counted). "
+               + (f"Idle (no longer holding the watermark back): {', '.join(idle)}." if idle else "Nothing is idle."))
     shown = watermarks.assign(idle=watermarks["idle"].map(lambda flag: "idle" if flag else ""))
-    views.render_table(shown[["topic", "watermark", "lag_ms", "newest", "idle", "job_watermark"]], column_config={
-        "watermark": st.column_config.DatetimeColumn("watermark (UTC)", format="YYYY-MM-DD HH:mm:ss.SSS"),
-        "lag_ms": st.column_config.NumberColumn("lag (ms)"),
-        "newest": st.column_config.DatetimeColumn("newest event time read (UTC)", format="YYYY-MM-DD HH:mm:ss.SSS"),
-        "job_watermark": st.column_config.DatetimeColumn("job watermark (UTC)", format="YYYY-MM-DD HH:mm:ss.SSS"),
-    })
+    times = {name: st.column_config.DatetimeColumn(label, format="YYYY-MM-DD HH:mm:ss.SSS") for name, label in (
+        ("watermark", "watermark (UTC)"), ("newest", "newest event time read (UTC)"),
+        ("job_watermark", "job watermark (UTC)"))}
+    views.render_table(shown[["topic", "watermark", "lag_ms", "newest", "idle", "late_versions", "job_watermark"]],
+                       column_config={**times, "lag_ms": st.column_config.NumberColumn("lag (ms)"),
+                                      "late_versions": st.column_config.NumberColumn("late versions")})
+    if not partitions.empty:
+        st.caption("Partitions of the partitioned topics (a topic's watermark is the least of these, idle ones aside).")
+        views.render_table(partitions.assign(idle=partitions["idle"].map(lambda flag: "idle" if flag else "")),
+                           column_config={name: times[name] for name in ("watermark", "newest")})
 
 
 render_backpressure()

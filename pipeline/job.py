@@ -131,9 +131,10 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
     rows = source.load()
     # {"kind": "orders", "op": "order", "user_id": 17, "item_id": 4, …, "user_state": None, "item_state": None}
     if settings["enrichment.time"] == "event":  # versions as of each order's event time (README "Event time")
-        from pipeline.enrich.event_clock import restored_newest
+        from pipeline.enrich.event_clock import changelog_partitions, restored_newest
         rows = with_event_watermarks(rows, settings["enrichment.order_time"],
-                                     int(settings["enrichment.out_of_orderness"] * 1000), restored_newest(checkpoint))
+                                     int(settings["enrichment.out_of_orderness"] * 1000), restored_newest(checkpoint),
+                                     changelog_partitions(service_url, settings.topics))
         for lookup in LOOKUPS:
             rows = apply_event_lookup(rows, lookup, settings.max_wait_ms,
                                       int(settings["enrichment.allowed_lateness"] * 1000))

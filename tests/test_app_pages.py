@@ -328,3 +328,28 @@ def test_missing_state_page_looks_up_what_the_job_holds_through_control(open_pag
     shown = [block.value for block in app.markdown]
     assert f"**User {user_id}** (batch 7)" in shown and f"**Item {item_id}** (batch 7)" in shown
     assert any("Nothing held" in info.value for info in app.info)
+
+
+def test_backpressure_page_shows_partition_watermarks_and_late_versions(open_page, fixture_data, tmp_path):
+    """Event time: the topics' watermarks (a topic's the least of its partitions'), the partitions
+    of a partitioned changelog with the idle one marked, and the late versions summed over batches."""
+    import shutil
+
+    from pipeline.enrich.event_clock import EventClockListener
+    from pipeline.metrics import MetricsStore
+    from test_event_clock import partitioned_progress
+
+    data_dir = tmp_path / "data"
+    shutil.copytree(store.metrics_dir(fixture_data.data_dir, "progress"), store.metrics_dir(data_dir, "progress"))
+    clock = EventClockListener(MetricsStore(data_dir), data_dir, out_of_orderness_ms=1_000, idle_timeout_ms=3_000)
+    clock.observe(partitioned_progress(0, 0, {0: 3, 1: 2}, {"users/0": 20_000, "users/1": 6_000, "items": 30_000},
+                                       late={"users": 2, "items": 1}))
+    clock.observe(partitioned_progress(1, 2, {0: 5, 1: 2}, {"users/0": 22_000}, late={"users": 1, "items": 0}))
+    clock.observe(partitioned_progress(2, 3, {0: 6, 1: 2}, {"users/0": 23_000}))
+    app = open_page("backpressure.py", data_dir)
+    topics, partitions = app.dataframe[0].value, app.dataframe[1].value
+    users = topics.set_index("topic").loc["users"]
+    assert users["late_versions"] == 3 and users["idle"] == "" and str(users["watermark"]) == "1970-01-01 00:00:22"
+    assert topics.set_index("topic").loc["items", "late_versions"] == 1
+    assert partitions[["topic", "partition", "idle"]].values.tolist() == [["users", 0, ""], ["users", 1, "idle"]]
+    assert "Idle (no longer holding the watermark back): users partition 1." in _texts(app.caption)

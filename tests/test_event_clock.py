@@ -1,11 +1,12 @@
-"""The driver's event clock (no Spark session): per-topic watermarks from observed metrics,
-idle changelogs from read positions, the events and the file the parse step reads."""
+"""The driver's event clock (no Spark session): per-partition watermarks from observed metrics,
+a topic's as the least of its partitions', idle partitions from read positions, late versions,
+the events and the file the parse step reads."""
 
 from __future__ import annotations
 
 import json
 
-from pipeline.enrich import event_clock
+from pipeline.enrich import event_clock, event_rules
 from pipeline.enrich.parse import read_idle
 from pipeline.metrics import MetricsStore, read_events, read_rows
 
@@ -37,7 +38,7 @@ def test_watermarks_idle_events_and_the_parse_steps_file(tmp_path):
     row = clock.observe(progress(2, 4, 2, 3, {"users": None, "items": 7_000}))
     by_topic = {t["topic"]: t for t in row["topics"]}
     assert by_topic["users"] == {"topic": "users", "newest_ms": 10_000, "watermark_ms": 8_000, "lag_ms": 2_000,
-                                 "idle": True}
+                                 "idle": True, "late_versions": 0, "partitions": []}
     assert by_topic["items"]["watermark_ms"] == 5_000 and not by_topic["items"]["idle"]
     assert read_idle(path) == "users"
     clock.observe(progress(3, 5, 3, 3, {"users": 11_000}))  # users moves again
@@ -76,3 +77,67 @@ def test_a_restart_takes_each_changelogs_newest_time_as_of_the_last_commit(tmp_p
     assert event_clock.restored_newest(checkpoint) == {"users": 12_000, "items": 4_000}
     again = event_clock.EventClockListener(MetricsStore(tmp_path), tmp_path, out_of_orderness_ms=2_000, idle_timeout_ms=0)
     assert again.newest == {"users": 12_000, "items": 4_000}
+
+
+def partitioned_progress(batch: int, second: int, users_n: dict, observed: dict, late: dict | None = None,
+                         latest_users: dict | None = None) -> dict:
+    """Progress of a job whose users topic has partitions 0 and 1 (``users_n``: partition -> read)."""
+    def offsets(users):
+        return json.dumps({"users": {"gen": 0, "parts": {str(p): {"n": n, "id": "x"} for p, n in users.items()}},
+                           "items": {"gen": 0, "parts": {"-1": {"n": 5 + batch, "id": "x"}}}})  # items keep moving
+    metrics = {f"event_time_{k}": {"newest_ms": v} for k, v in observed.items()}
+    metrics.update({f"late_versions_{k}": {"count": v} for k, v in (late or {}).items()})
+    return {"timestamp": f"2026-01-01T00:00:{second:02d}.000Z", "batchId": batch, "eventTime": {},
+            "observedMetrics": metrics,
+            "sources": [{"startOffset": None, "endOffset": offsets(users_n),
+                         "latestOffset": offsets(latest_users or users_n)}]}
+
+
+def test_clock_names_and_the_pure_partition_functions():
+    from pipeline.enrich.lookups import clock_name, topic_of_clock
+
+    assert (clock_name("users", -1), clock_name("users", 3), topic_of_clock("users/3")) == ("users", "users/3", "users")
+    end = {"users": {"gen": 1, "parts": {"0": {"n": 4}, "1": {"n": 9}}}}
+    assert event_clock.partition_positions(end, {"users": {"gen": 1, "parts": {"0": {"n": 6}, "1": {"n": 9}}}}) == {
+        "users/0": (1, 4, 2), "users/1": (1, 9, 0)}
+    assert event_clock.partition_positions(end, {"users": {"gen": 2, "parts": {}}})["users/0"] == (1, 4, None)
+    # a topic's watermark is the least of its partitions' that hold it back
+    parts = [{"watermark_ms": 5_000, "idle": False}, {"watermark_ms": 9_000, "idle": False}]
+    assert event_clock.topic_watermark(parts) == 5_000
+    assert event_clock.topic_watermark([{**parts[0], "idle": True}, parts[1]]) == 9_000
+    assert event_clock.topic_watermark([{**p, "idle": True} for p in parts]) == 5_000
+    assert event_clock.topic_watermark([{"watermark_ms": None, "idle": False}, parts[1]]) is None  # holds at 0
+    assert event_clock.idle_topics({"users/0": 0, "users/1": 5_000}, {"users/1": 0}, 6_000, 3_000) == {"users/0"}
+    assert event_rules.combined_watermark({"users/0": 9_000, "users/1": 4_000, "items": 8_000}, 1_000) == 3_000
+    assert event_rules.combined_watermark({"users/0": 9_000, "users/1": None, "items": 8_000}, 1_000) == 0
+
+
+def test_one_quiet_partition_goes_idle_alone_and_the_topic_watermark_follows(tmp_path):
+    clock = event_clock.EventClockListener(MetricsStore(tmp_path), tmp_path, out_of_orderness_ms=1_000, idle_timeout_ms=3_000)
+    path = str(event_clock.idle_file(tmp_path))
+    first = clock.observe(partitioned_progress(0, 0, {0: 3, 1: 2}, {"users/0": 20_000, "users/1": 6_000, "items": 30_000},
+                                               late={"users": 2, "items": 0}))
+    users = {t["topic"]: t for t in first["topics"]}["users"]
+    assert users["watermark_ms"] == 5_000 and users["newest_ms"] == 20_000 and users["late_versions"] == 2
+    assert [(p["partition"], p["watermark_ms"], p["idle"]) for p in users["partitions"]] == [(0, 19_000, False),
+                                                                                            (1, 5_000, False)]
+    clock.observe(partitioned_progress(1, 2, {0: 5, 1: 2}, {"users/0": 22_000}))
+    # partition 1 has not moved for 3 s with nothing unread: idle; partition 0 keeps moving
+    row = clock.observe(partitioned_progress(2, 3, {0: 6, 1: 2}, {"users/0": 23_000}))
+    users = {t["topic"]: t for t in row["topics"]}["users"]
+    assert read_idle(path) == "users/1" and not users["idle"] and users["watermark_ms"] == 22_000
+    assert [p["idle"] for p in users["partitions"]] == [False, True]
+    idle = read_events(tmp_path, ("topic_idle",))
+    assert [(e["details"]["topic"], e["details"]["partition"]) for e in idle] == [("users", 1)]
+    assert "users partition 1 has had no new message" in idle[0]["message"]
+    clock.observe(partitioned_progress(3, 6, {0: 6, 1: 3}, {"users/1": 7_000}))
+    assert read_idle(path) == "users/0"  # 1 moved again; 0 has now been quiet for 3 s
+    active = read_events(tmp_path, ("topic_active",))
+    assert [(e["details"]["topic"], e["details"]["partition"]) for e in active] == [("users", 1)]
+
+
+def test_a_partition_with_unread_messages_never_goes_idle(tmp_path):
+    clock = event_clock.EventClockListener(MetricsStore(tmp_path), tmp_path, out_of_orderness_ms=1_000, idle_timeout_ms=1_000)
+    for batch in range(3):
+        clock.observe(partitioned_progress(batch, batch * 5, {0: 3, 1: 2}, {}, latest_users={0: 3, 1: 9}))
+    assert read_idle(str(event_clock.idle_file(tmp_path))) == "users/0"

@@ -149,3 +149,37 @@ def test_late_orders_are_counted_never_dropped(drawn):
     assert sorted(r["invoice_id"] for r in out) == sorted(r["invoice_id"] for r in rows)
     late = {r["invoice_id"] for r in out if r["reason"] == "late"}
     assert late == {r["invoice_id"] for r in rows if r["event_ms"] < T0 + 19_000}
+
+
+# ------------------------------------------------------------ replays and late versions
+def version_row(lookup, key, at, position, first_name=None):
+    payload = b"" if first_name is None else wire.encode(user(key, firstName=first_name))
+    return {**envelope(lookup.changelog, key, payload, at, position, 0), "late": None}
+
+
+def test_a_version_held_already_is_not_added_again():
+    assert event_rules.holds([(5, (0, 1), A)], (5, (0, 9), A))
+    assert not event_rules.holds([(5, (0, 1), A)], (5, (0, 9), B)) and not event_rules.holds([(5, (0, 1), A)], (6, (0, 9), A))
+    # one time, one record: counted once, as first read (a replay's copy comes with a later read order)
+    assert event_rules.version_at([(5, (0, 1), A), (5, (0, 2), None), (5, (9, 9), A)], 9, 0) == (None, None, 0)
+    model = event_rules.VersionedLookupModel(USERS, MAX_WAIT, allowed_lateness_ms=3_600_000)
+    first = [version_row(USERS, 7, T0 + 1_000, 1, "Ann"), version_row(USERS, 7, T0 + 2_000, 2, None),
+             version_row(USERS, 7, T0 + 3_000, 3, "Bo")]
+    model.process(first, T0)
+    model.process([{**row, "position": row["position"] + 100} for row in first], T0)  # a replay re-reads them
+    assert [(at, record) for at, _, record in model.versions[7]] == [
+        (T0 + 1_000, ("Ann", "Last7", "u7@example.com", 1_600_000_000_007)), (T0 + 2_000, None),
+        (T0 + 3_000, ("Bo", "Last7", "u7@example.com", 1_600_000_000_007))]
+
+
+def test_a_late_version_is_stored_and_counted_once():
+    model = event_rules.VersionedLookupModel(USERS, max_wait_ms=0, allowed_lateness_ms=1_000)
+    watermark = T0 + 10_000
+    model.process([version_row(USERS, 7, T0 + 8_500, 1, "Ann"), version_row(USERS, 7, T0 + 9_500, 2, "Bo")], watermark)
+    assert model.late_versions == 1  # 8.5 s < watermark - lateness = 9 s; 9.5 s is not late
+    model.process([version_row(USERS, 7, T0 + 8_500, 3, "Ann")], watermark)  # the same version again
+    assert model.late_versions == 1 and len(model.versions[7]) == 2
+    # stored: an order at 9 s (not late) still to come is enriched with it
+    order_row = {**envelope("orders", None, None, T0 + 9_000, 1, 70), "late": None}
+    [decided] = model.process([{**order_row, "user_id": 7}], watermark)
+    assert (decided["user_first_name"], decided["user_as_of"]) == ("Ann", T0 + 8_500)

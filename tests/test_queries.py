@@ -55,6 +55,7 @@ EMPTY_CALLS = {
     "load_event_counts": {},
     "load_replays": {},
     "load_watermarks": {},
+    "load_partition_watermarks": {},
 }
 
 

@@ -1,24 +1,28 @@
-"""Event time on the driver: each changelog's watermark, and which changelogs are idle.
+"""Event time on the driver: each changelog partition's watermark, and which partitions are idle.
 
 In event time (README "Event time") Spark keeps the job's watermark; what it does not keep is
-the watermark of each topic, nor when a topic has gone quiet. :class:`EventClockListener`
-follows both from the query's progress, batch by batch (called on the driver, from Spark's
-listener bus, once per batch):
+the watermark of each changelog partition, nor when a partition has gone quiet.
+:class:`EventClockListener` follows both from the query's progress, batch by batch (called on
+the driver, from Spark's listener bus, once per batch). Partitions are named by
+``lookups.clock_name`` (``users`` for a topic that is not partitioned, ``users/0`` for a
+partition):
 
-- the newest event time read from each topic, from the batch's observed metrics
-  (``lookups.with_event_watermarks`` observes them), so a topic's watermark is its running
-  newest minus ``enrichment.out_of_orderness``; each batch gives one ``watermarks`` row in the
-  metrics store (the Backpressure page shows it);
-- a changelog topic is **idle** once its read position has not moved for
+- the newest event time read from each partition, from the batch's observed metrics
+  (``lookups.with_event_watermarks`` observes them), so a partition's watermark is its running
+  newest minus ``enrichment.out_of_orderness``, and a topic's the least of its partitions' (the
+  idle ones left out); each batch gives one ``watermarks`` row in the metrics store, per topic
+  with its partitions and the late versions the lookups counted (the Backpressure page shows it);
+- a changelog partition is **idle** once its read position has not moved for
   ``enrichment.idle_timeout`` while nothing waits on it (backlog 0). The listener writes the
-  idle topics to a small file that the parse step reads on the executors, and from then on every
-  row of the batch counts for that topic's watermark: it stops holding the watermark back (the
-  book's "Idle Sources"). Going idle and becoming active again are events in the metrics store.
-  Idleness is processing time by nature: where it lets the watermark pass, results can depend on
-  timing, as in Flink;
-- the newest event time per topic as of each committed batch, kept in the checkpoint
+  idle partitions to a small file that the parse step reads on the executors, and from then on
+  every row of the batch counts for that partition's watermark: it stops holding the watermark
+  back (the book's "Idle Sources"). Going idle and becoming active again are events in the
+  metrics store (``topic_idle`` / ``topic_active``, naming the partition). Idleness is
+  processing time by nature: where it lets the watermark pass, results can depend on timing,
+  as in Flink;
+- the newest event time per partition as of each committed batch, kept in the checkpoint
   (:func:`restored_newest`): Spark restores only the job's watermark after a restart, and the
-  query is rebuilt with these so a quiet changelog does not hold it back anew.
+  query is rebuilt with these so a quiet partition does not hold it back anew.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from pipeline import metrics, store
-from pipeline.enrich.lookups import OBSERVED_PREFIX  # observed per topic: event_time_users -> {"newest_ms": …}
+# observed per batch: event_time_users/0 -> {"newest_ms": …}, late_versions_users -> {"count": …}
+from pipeline.enrich.lookups import LATE_VERSIONS_PREFIX, OBSERVED_PREFIX, clock_name, topic_of_clock
 from pipeline.listener import ProgressListener
 
 log = logging.getLogger(__name__)
@@ -63,8 +68,17 @@ def restored_newest(checkpoint: Path) -> dict[str, int]:
     return {str(k): int(v) for k, v in max(usable, key=lambda e: e["batch_id"])["newest"].items()} if usable else {}
 
 
+def changelog_partitions(service_url: str, topics: dict[str, str]) -> dict[str, list[int]]:
+    """The partitions of each changelog topic, as ``with_event_watermarks`` takes them (-1 for a
+    topic that is not partitioned). Called on the driver when the query is built."""
+    from pipeline.source.reader import list_partitions
+
+    return {kind: [int(part) for part in list_partitions(service_url, topics[kind])] for kind in CHANGELOGS}
+
+
 def newest_from_progress(progress: dict) -> dict[str, int]:
-    """The newest event time per topic that this batch read (topics with none are left out)."""
+    """The newest event time per changelog partition (and ``orders``) that this batch read
+    (those with none are left out)."""
     newest = {}
     for name, values in (progress.get("observedMetrics") or {}).items():
         if name.startswith(OBSERVED_PREFIX) and isinstance(values, dict) and values.get("newest_ms") is not None:
@@ -72,17 +86,55 @@ def newest_from_progress(progress: dict) -> dict[str, int]:
     return newest
 
 
+def late_versions_from_progress(progress: dict) -> dict[str, int]:
+    """Per changelog, the late versions the lookups counted in this batch (0 when none)."""
+    counts = {}
+    for name, values in (progress.get("observedMetrics") or {}).items():
+        if name.startswith(LATE_VERSIONS_PREFIX) and isinstance(values, dict):
+            counts[name[len(LATE_VERSIONS_PREFIX):]] = int(values.get("count") or 0)
+    return counts
+
+
+def partition_positions(end: dict, latest: dict) -> dict[str, tuple[object, int, int | None]]:
+    """Per partition of each topic (clock name): (generation, read position, messages not read
+    yet or None when unknown), from the source's end and latest offsets."""
+    positions = {}
+    for topic, end_topic in end.items():
+        latest_topic = latest.get(topic) or {}
+        same_gen = latest_topic.get("gen") == end_topic.get("gen")
+        for part, values in (end_topic.get("parts") or {}).items():
+            latest_n = ((latest_topic.get("parts") or {}).get(part) or {}).get("n") if same_gen else None
+            positions[clock_name(topic, int(part))] = (end_topic.get("gen"), values["n"],
+                                                       None if latest_n is None else max(0, latest_n - values["n"]))
+    return positions
+
+
 def idle_topics(last_moved_ms: dict[str, int], backlog: dict[str, int | None], now_ms: int, timeout_ms: int) -> set[str]:
-    """Changelogs whose position has not moved for ``timeout_ms`` and that have nothing unread
-    (0 turns idleness off)."""
+    """Changelog partitions (clock names) whose position has not moved for ``timeout_ms`` and that
+    have nothing unread (0 turns idleness off)."""
     if timeout_ms <= 0:
         return set()
-    return {topic for topic, moved in last_moved_ms.items()
-            if now_ms - moved >= timeout_ms and not (backlog.get(topic) or 0)}
+    return {name for name, moved in last_moved_ms.items()
+            if now_ms - moved >= timeout_ms and not (backlog.get(name) or 0)}
+
+
+def topic_watermark(partitions: list[dict]) -> int | None:
+    """A topic's watermark from its partitions' (``watermark_ms``, ``idle``): the least of those
+    that hold it back (not idle; all of them when every one is idle). None while one of them has
+    read nothing yet (it holds the job's watermark at 0)."""
+    holding = [part for part in partitions if not part["idle"]] or partitions
+    marks = [part["watermark_ms"] for part in holding]
+    return None if not marks or None in marks else min(marks)
+
+
+def describe_clock(name: str) -> str:
+    """``users/0`` -> ``users partition 0``; ``users`` stays ``users``."""
+    topic, _, partition = name.partition("/")
+    return f"{topic} partition {partition}" if partition else topic
 
 
 class EventClockListener(ProgressListener):
-    """Per-topic watermarks and idle changelogs from the progress of the event-time query."""
+    """Per-partition watermarks and idle changelog partitions from the progress of the event-time query."""
 
     def __init__(self, metrics_store: metrics.MetricsStore, data_dir: Path, out_of_orderness_ms: int, idle_timeout_ms: int):
         self.store, self.out_of_orderness_ms, self.idle_timeout_ms = metrics_store, out_of_orderness_ms, idle_timeout_ms
@@ -90,10 +142,10 @@ class EventClockListener(ProgressListener):
         self.checkpoint = store.checkpoint_dir(data_dir)
         self.newest: dict[str, int] = restored_newest(self.checkpoint)
         self.history: list[dict] = []
-        self.positions: dict[str, int] = {}
+        self.positions: dict[str, tuple] = {}
         self.last_moved_ms: dict[str, int] = {}
         self.idle: set[str] = set()
-        self.write_idle(set())  # a restarted job starts with every changelog active
+        self.write_idle(set())  # a restarted job starts with every changelog partition active
 
     def onQueryProgress(self, event) -> None:
         try:
@@ -103,45 +155,62 @@ class EventClockListener(ProgressListener):
 
     def observe(self, progress: dict) -> dict:
         """Take one batch's progress; returns (and stores) its ``watermarks`` row."""
-        ts_ms = int(datetime.strptime(progress["timestamp"], "%Y-%m-%dT%H:%M:%S.%fZ")
-                    .replace(tzinfo=timezone.utc).timestamp() * 1000)
-        for topic, newest in newest_from_progress(progress).items():
-            self.newest[topic] = max(self.newest.get(topic, newest), newest)
+        ts_ms = _iso_ms(progress["timestamp"])
+        for name, newest in newest_from_progress(progress).items():
+            self.newest[name] = max(self.newest.get(name, newest), newest)
         self.keep_newest(progress["batchId"])
         source = (progress.get("sources") or [{}])[0]
-        rows = metrics.topic_rows(metrics._offset(source.get("startOffset")), metrics._offset(source.get("endOffset")),
-                                  metrics._offset(source.get("latestOffset")))
         backlog = {}
-        for row in rows:
-            position = (row["generation"], row["end_position"])
-            if self.positions.get(row["topic"]) != position:
-                self.positions[row["topic"]] = position
-                self.last_moved_ms[row["topic"]] = ts_ms
-            backlog[row["topic"]] = row["backlog"]
-        idle = idle_topics({t: m for t, m in self.last_moved_ms.items() if t in CHANGELOGS}, backlog, ts_ms,
-                           self.idle_timeout_ms)
-        for topic in sorted(idle - self.idle):
-            self.store.event("topic_idle", f"{topic} has had no new message for {self.idle_timeout_ms / 1000:g}s: "
-                             "it no longer holds the event-time watermark back", topic=topic)
-        for topic in sorted(self.idle - idle):
-            self.store.event("topic_active", f"{topic} has new messages: it holds the event-time watermark again",
-                             topic=topic)
+        for name, (generation, position, unread) in partition_positions(
+                metrics._offset(source.get("endOffset")), metrics._offset(source.get("latestOffset"))).items():
+            if self.positions.get(name) != (generation, position):
+                self.positions[name] = (generation, position)
+                self.last_moved_ms[name] = ts_ms
+            backlog[name] = unread
+        changelog_moves = {n: m for n, m in self.last_moved_ms.items() if topic_of_clock(n) in CHANGELOGS}
+        idle = idle_topics(changelog_moves, backlog, ts_ms, self.idle_timeout_ms)
+        for name in sorted(idle - self.idle):
+            self.store.event("topic_idle", f"{describe_clock(name)} has had no new message for "
+                             f"{self.idle_timeout_ms / 1000:g}s: it no longer holds the event-time watermark back",
+                             **_clock_details(name))
+        for name in sorted(self.idle - idle):
+            self.store.event("topic_active", f"{describe_clock(name)} has new messages: it holds the event-time "
+                             "watermark again", **_clock_details(name))
         if idle != self.idle:
             self.write_idle(idle)
         self.idle = idle
         watermark = (progress.get("eventTime") or {}).get("watermark")
-        newest_any = max(self.newest.values(), default=None)
-        topics = []
-        for topic in sorted(self.positions):
-            topic_watermark = self.newest[topic] - self.out_of_orderness_ms if topic in self.newest else None
-            topics.append({"topic": topic, "newest_ms": self.newest.get(topic), "watermark_ms": topic_watermark,
-                           # how far this topic's watermark is behind the newest event time read anywhere
-                           "lag_ms": None if topic_watermark is None else newest_any - topic_watermark,
-                           "idle": topic in idle})
         row = {"ts": progress["timestamp"], "ts_ms": ts_ms, "batch_id": progress["batchId"],
-               "watermark_ms": _iso_ms(watermark) if watermark else None, "topics": topics}
+               "watermark_ms": _iso_ms(watermark) if watermark else None,
+               "topics": self.topic_entries(late_versions_from_progress(progress))}
         self.store.append("watermarks", row)
         return row
+
+    def topic_entries(self, late_versions: dict[str, int]) -> list[dict]:
+        """Per topic: its newest time, its watermark (the least of its partitions'), how far that
+        lags behind the newest event time read anywhere, idleness, this batch's late versions, and
+        its partitions when it has several."""
+        newest_any = max(self.newest.values(), default=None)
+        by_topic: dict[str, list[str]] = {}
+        for name in sorted(self.positions, key=lambda n: (topic_of_clock(n), int(n.partition("/")[2] or -1))):
+            by_topic.setdefault(topic_of_clock(name), []).append(name)
+        entries = []
+        for topic, names in sorted(by_topic.items()):
+            parts = [{"partition": int(name.partition("/")[2] or -1), "newest_ms": self.newest.get(name),
+                      "watermark_ms": self.newest[name] - self.out_of_orderness_ms if name in self.newest else None,
+                      "idle": name in self.idle} for name in names]
+            if topic not in CHANGELOGS:  # orders hold no watermark: only their newest time is shown
+                parts = [{"partition": -1, "newest_ms": self.newest.get(topic),
+                          "watermark_ms": self.newest[topic] - self.out_of_orderness_ms if topic in self.newest else None,
+                          "idle": False}]
+            mark = topic_watermark(parts)
+            newest = [part["newest_ms"] for part in parts if part["newest_ms"] is not None]
+            entries.append({"topic": topic, "newest_ms": max(newest) if newest else None, "watermark_ms": mark,
+                            "lag_ms": None if mark is None or newest_any is None else newest_any - mark,
+                            "idle": all(part["idle"] for part in parts),
+                            "late_versions": late_versions.get(topic, 0) if topic in CHANGELOGS else None,
+                            "partitions": parts if len(parts) > 1 else []})
+        return entries
 
     def keep_newest(self, batch_id: int) -> None:
         """Record the newest times as of this (committed) batch in the checkpoint."""
@@ -159,6 +228,11 @@ class EventClockListener(ProgressListener):
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"idle": sorted(idle)}))
         os.replace(tmp, self.path)
+
+
+def _clock_details(name: str) -> dict:
+    topic, _, partition = name.partition("/")
+    return {"topic": topic, "partition": int(partition) if partition else None}
 
 
 def _iso_ms(text: str) -> int:

@@ -29,17 +29,37 @@ Version = tuple  # (time_ms, read_order tuple, record tuple | None)
 
 
 def combined_watermark(newest_ms: dict[str, int | None], out_of_orderness_ms: int) -> int:
-    """The changelogs' watermark: per topic its newest event time minus the bound, the least of them.
+    """The changelogs' watermark: per changelog partition (``lookups.clock_name``: ``users``,
+    ``users/0``) its newest event time minus the bound, the least of them.
 
-    A topic that has had no message yet holds it at 0 (Spark's first watermark), so orders wait
-    for every changelog. It never goes below 0."""
+    A partition that has had no message yet holds it at 0 (Spark's first watermark), so orders
+    wait for every partition of every changelog. It never goes below 0."""
     return max(0, min((newest - out_of_orderness_ms) if newest is not None else 0 for newest in newest_ms.values()))
 
 
 def is_late(order_ms: int, watermark_ms: int, allowed_lateness_ms: int) -> bool:
     """An order is late when the watermark had already passed its time by more than the allowed
-    lateness when it was first seen: the versions it needs may have been dropped."""
+    lateness when it was first seen: the versions it needs may have been dropped. A changelog
+    version is late by the same test; it is still stored (it is current for orders still to
+    come) and counted."""
     return order_ms < watermark_ms - allowed_lateness_ms
+
+
+def holds(versions: Iterable[Version], version: Version) -> bool:
+    """Whether ``versions`` has one of the same time and the same record (or tombstone), whatever
+    its read order: a replay re-reads versions already held (with new read positions), and they
+    are not added again. So one key's versions of one time and one record count once, as first
+    read (A, tombstone, A at one time is A, tombstone)."""
+    return any(held[0] == version[0] and held[2] == version[2] for held in versions)
+
+
+def distinct_versions(versions: Iterable[Version]) -> list[Version]:
+    """``versions`` without those :func:`holds` says are held already (in read order)."""
+    kept: list[Version] = []
+    for version in sorted(versions, key=lambda v: v[1]):
+        if not holds(kept, version):
+            kept.append(version)
+    return kept
 
 
 def version_at(versions: Iterable[Version], order_ms: int, max_wait_ms: int) -> tuple[tuple | None, int | None, int]:
@@ -48,8 +68,9 @@ def version_at(versions: Iterable[Version], order_ms: int, max_wait_ms: int) -> 
     The version current at the order's time (the newest with time <= order_ms, ties by read
     order); if that is none or a tombstone, the first record within ``max_wait_ms`` after it
     (the order "waited" for it in event time: waited = its time - order_ms); else missing, with
-    waited = max_wait_ms."""
-    ordered = sorted(versions, key=lambda v: (v[0], v[1]))
+    waited = max_wait_ms. Versions of one time and one record count once, as first read
+    (:func:`holds`)."""
+    ordered = sorted(distinct_versions(versions), key=lambda v: (v[0], v[1]))
     current = [v for v in ordered if v[0] <= order_ms]
     if current and current[-1][2] is not None:
         return current[-1][2], current[-1][0], 0
@@ -98,6 +119,7 @@ class VersionedLookupModel:
         self.lookup, self.max_wait_ms, self.allowed_lateness_ms = lookup, max_wait_ms, allowed_lateness_ms
         self.versions: dict[int, list[Version]] = {}
         self.waiting: dict[int, list[dict]] = {}
+        self.late_versions = 0  # versions older than the watermark - allowed lateness when read
 
     def process(self, rows: Iterable[dict], watermark_ms: int) -> list[dict]:
         out, by_key = split_by_key(rows, self.lookup)
@@ -105,8 +127,10 @@ class VersionedLookupModel:
             for row in key_rows:
                 if row["lookup_role"] in (SET, DELETE):
                     record = tuple(row[c] for c in self.lookup.state_columns) if row["lookup_role"] == SET else None
-                    self.versions.setdefault(key, []).append(
-                        (row["event_ms"], tuple(row[c] for c in READ_ORDER), record))
+                    version = (row["event_ms"], tuple(row[c] for c in READ_ORDER), record)
+                    if not holds(self.versions.get(key, []), version):
+                        self.versions.setdefault(key, []).append(version)
+                        self.late_versions += is_late(version[0], watermark_ms, self.allowed_lateness_ms)
             for row in (r for r in key_rows if r["lookup_role"] == LOOKUP):
                 if row["late"] is None:
                     row = {**row, "late": int(is_late(row["event_ms"], watermark_ms, self.allowed_lateness_ms))}

@@ -15,6 +15,7 @@ is built; the operator itself runs on the executors, keyed by the lookup's id co
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import reduce
 from pathlib import Path
 
 from pipeline.errors import ConfigError
@@ -98,25 +99,42 @@ def apply_lookup(frame, lookup: Lookup, max_wait_ms: int):
 
 
 EVENT_JVM_CLASS = "statefulstreams.VersionedLookup"
-OBSERVED_PREFIX = "event_time_"  # observed metric per topic (event_clock.py reads them)
+OBSERVED_PREFIX = "event_time_"  # observed metric per changelog partition (event_clock.py reads them)
+LATE_VERSIONS_PREFIX = "late_versions_"  # observed metric per changelog: late versions read in the batch
 WATERMARK_COLUMN = "watermark_time"  # the timestamp Spark's watermark is taken from (event time only)
 
 
-def with_event_watermarks(frame, order_time: str, out_of_orderness_ms: int, restored: dict[str, int] | None = None):
+def clock_name(changelog: str, partition: int) -> str:
+    """The name of one changelog partition's watermark: the topic's kind when it is not
+    partitioned (``users``), else kind/partition (``users/0``). Observed metrics, the idle file,
+    the checkpoint's newest times and the ``watermarks`` rows all use it."""
+    return changelog if int(partition) < 0 else f"{changelog}/{int(partition)}"
+
+
+def topic_of_clock(name: str) -> str:
+    """The topic kind of a clock name (``users/0`` -> ``users``)."""
+    return name.split("/", 1)[0]
+
+
+def with_event_watermarks(frame, order_time: str, out_of_orderness_ms: int, restored: dict[str, int] | None = None,
+                          partitions: dict[str, list[int]] | None = None):
     """Envelope rows with their event time (``event_ms``) and Spark's event-time watermark set to
-    the least of the changelogs' watermarks (called on the driver while the query is built).
+    the least of the changelog partitions' watermarks (called on the driver while the query is built).
 
     An order's time is its ``created_at`` (``order_time = created_at``) or its message event time;
     a version's time is its message event time, or its publish time when it has none. Each
-    changelog gets its own watermark (its newest event time minus the out-of-orderness) on a
-    branch that sees every row of the batch (rows of other topics count as time 0, so a topic
-    with nothing read yet holds the watermark at 0); the branches are then cut to disjoint rows
-    and united, and Spark keeps the least watermark (its default ``min`` policy). The cost: the
-    source is read and parsed once per branch. A changelog the driver has marked idle (its rows'
-    ``idle_topics``) takes every row's time instead, so it stops holding the watermark back.
-    Each branch observes its topic's newest event time per batch (``event_time_<topic>``).
+    partition of each changelog (``partitions``: changelog -> partition numbers, -1 for a topic
+    that is not partitioned, the default) gets its own watermark (its newest event time minus the
+    out-of-orderness) on a branch that sees every row of the batch (rows of other partitions and
+    topics do not count, so a partition with nothing read yet holds the watermark at 0); the
+    branches are then cut to disjoint rows and united, and Spark keeps the least watermark (its
+    default ``min`` policy). The cost: the source is read and parsed once per branch. A partition
+    the driver has marked idle (its name in the rows' ``idle_topics``) takes every row's time
+    instead, so it stops holding the watermark back. Each branch observes its partition's newest
+    event time per batch (``event_time_<clock name>``). Partitions are listed when the query is
+    built: rows of a partition added later count for no watermark until the job restarts.
 
-    # out: {… "event_ms": 1700000000123} (and Spark's watermark, the least of the changelogs')
+    # out: {… "event_ms": 1700000000123} (and Spark's watermark, the least of the partitions')
     """
     from pyspark.sql import functions as F
 
@@ -124,21 +142,28 @@ def with_event_watermarks(frame, order_time: str, out_of_orderness_ms: int, rest
     own_time = F.coalesce(F.col("created_at"), message_time) if order_time == "created_at" else message_time
     timed = frame.withColumn("event_ms", F.when(F.col("kind") == "orders", own_time).otherwise(message_time))
     kind, idle = F.col("kind"), F.coalesce(F.col("idle_topics"), F.lit(""))
+    clocks = [(lookup.changelog, int(p)) for lookup in (USERS, ITEMS)
+              for p in sorted((partitions or {}).get(lookup.changelog) or [-1])]
+    owns = [(kind == changelog) & (F.coalesce(F.col("source_partition"), F.lit(-1)) == p) for changelog, p in clocks]
+    everything_else = ~reduce(lambda a, b: a | b, owns[1:], F.lit(False))  # the first branch keeps these
     sides = []
-    for lookup, keep in ((USERS, kind != ITEMS.changelog), (ITEMS, kind == ITEMS.changelog)):
-        # an idle changelog (event_clock.py) counts every row's time: it no longer holds the watermark back
-        counts = (kind == lookup.changelog) | F.array_contains(F.split(idle, ","), lookup.changelog)
-        # Rows of other topics count as time 0 (an empty changelog holds the watermark at 0), or,
-        # after a restart, as the newest time this changelog had reached (``restored``): Spark
-        # restores only the job's watermark, and a quiet changelog must not hold it back anew.
-        floor = (F.timestamp_millis(F.lit(int(restored[lookup.changelog])))
-                 if restored and lookup.changelog in restored else F.lit(None).cast("timestamp"))
+    for index, ((changelog, partition), own) in enumerate(zip(clocks, owns)):
+        name = clock_name(changelog, partition)
+        # an idle partition (event_clock.py) counts every row's time: it no longer holds the watermark back
+        counts = own | F.array_contains(F.split(idle, ","), name)
+        # Rows of other partitions and topics do not count (an empty partition holds the watermark
+        # at 0), except after a restart, where they count as the newest time this partition had
+        # reached (``restored``): Spark restores only the job's watermark, and a quiet partition
+        # must not hold it back anew.
+        floor = (F.timestamp_millis(F.lit(int(restored[name])))
+                 if restored and name in restored else F.lit(None).cast("timestamp"))
         stamped = F.when(counts, F.timestamp_millis(F.col("event_ms"))).otherwise(floor)
-        observed = F.max(F.when(kind == lookup.changelog, F.col("event_ms"))).alias("newest_ms")
-        side = timed.withColumn(WATERMARK_COLUMN, stamped).observe(f"{OBSERVED_PREFIX}{lookup.changelog}", observed)
-        if lookup is USERS:  # the orders' newest time too, for the console (the users side carries the orders)
+        observed = F.max(F.when(own, F.col("event_ms"))).alias("newest_ms")
+        side = timed.withColumn(WATERMARK_COLUMN, stamped).observe(f"{OBSERVED_PREFIX}{name}", observed)
+        if index == 0:  # the orders' newest time too, for the console (the first branch carries the orders)
             side = side.observe(f"{OBSERVED_PREFIX}orders", F.max(F.when(kind == "orders", F.col("event_ms")))
                                 .alias("newest_ms"))
+        keep = everything_else if index == 0 else own
         stamp = F.col(WATERMARK_COLUMN)
         # The cut must stay above the watermark: Spark pushes a filter below a watermark unless it
         # reads the watermark column, and the branch's watermark must see every row of the batch.
@@ -147,12 +172,17 @@ def with_event_watermarks(frame, order_time: str, out_of_orderness_ms: int, rest
     # Spark's stateful operators drop input rows whose event-time column is below the watermark;
     # without the column the lookups see every row (late orders are decided, never dropped) and
     # still get the watermark, which the plan's watermark nodes keep.
-    return sides[0].unionByName(sides[1]).drop(WATERMARK_COLUMN)
+    united = sides[0]
+    for side in sides[1:]:
+        united = united.unionByName(side)
+    return united.drop(WATERMARK_COLUMN)
 
 
 def apply_event_lookup(frame, lookup: Lookup, max_wait_ms: int, allowed_lateness_ms: int):
     """``frame`` (envelope rows with event times and a watermark, see :func:`with_event_watermarks`)
     through one VersionedLookup; the output has the same columns.
+
+    Its late versions are counted (observed metric ``late_versions_<changelog>``) and left out.
 
     # in:  {"kind": "orders", "op": "order", "user_id": 17, "event_ms": 1700000000123, "late": None, …}
     # out: {… "user_first_name": "Ada", "user_state": "found", "user_as_of": 1700000000001, "late": 0}
@@ -169,4 +199,9 @@ def apply_event_lookup(frame, lookup: Lookup, max_wait_ms: int, allowed_lateness
     joined = operator.apply(roles._jdf, lookup.id_column, "lookup_role", ",".join(lookup.state_columns),
                             lookup.found_column, "first_seen_ms", "waited_ms", ",".join(READ_ORDER), "event_ms",
                             "late", lookup.as_of_column, int(max_wait_ms), int(allowed_lateness_ms))
-    return DataFrame(joined, spark)
+    # The operator emits each late version once (older than watermark - allowed lateness; it is
+    # still stored): counted per batch here (event_clock.py records the count), then dropped.
+    late_version = (kind == lookup.changelog) & op.isin("upsert", "delete")
+    return (DataFrame(joined, spark)
+            .observe(f"{LATE_VERSIONS_PREFIX}{lookup.changelog}", F.count(F.when(late_version, 1)).alias("count"))
+            .filter(~late_version))

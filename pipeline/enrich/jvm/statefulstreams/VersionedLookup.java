@@ -3,6 +3,7 @@ package statefulstreams;
 import java.util.ArrayList;
 import java.util.Comparator;
 import java.util.List;
+import java.util.Objects;
 
 import org.apache.spark.api.java.function.MapFunction;
 import org.apache.spark.sql.Dataset;
@@ -41,14 +42,19 @@ import scala.jdk.javaapi.CollectionConverters;
  * batch, then {@code handleExpiredTimer} once per due timer; the watermark is the one of the
  * batch, set from the batches before):
  * <ol>
- *   <li>A batch's versions for a key are added to its history before its orders are looked at.</li>
+ *   <li>A batch's versions for a key are added to its history before its orders are looked at.
+ *       A version the history already holds (same time, same record or tombstone: a replay
+ *       re-reading it) is not added again. A version older than watermark - allowedLateness is
+ *       late: it is still added (it is current for orders still to come) and is also emitted
+ *       once, with the late column 1, so the caller can count it and drop it.</li>
  *   <li>An order seen for the first time (late column null) is late when its time is below
  *       watermark - allowedLateness: it is emitted at once with found = {@code late} and no
  *       state, and a later lookup passes it on as late. Late orders are never dropped.</li>
  *   <li>Otherwise it is decided once the watermark is past its time and, when no record is
  *       current at its time, past its time + maxWait: with the record current at its time, or
  *       the first record within maxWait after it (waited = that version's time - its time), or
- *       missing (waited = maxWait). Until then it waits, with a timer.</li>
+ *       missing (waited = maxWait). Until then it waits, with a timer; the orders waiting on a
+ *       key are looked at again whenever the key has input.</li>
  *   <li>Versions older than watermark - allowedLateness - maxWait are dropped, except the newest
  *       of them (still current there).</li>
  * </ol>
@@ -116,15 +122,27 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
     List<Row> history = load(versions);
     int before = history.size();
     List<Row> lookups = new ArrayList<>();
+    List<Row> changes = new ArrayList<>();
     while (rows.hasNext()) {
       Row row = rows.next();
       String role = row.isNullAt(columns.role) ? "" : row.getString(columns.role);
       if (ChangelogLookup.SET.equals(role) || ChangelogLookup.DELETE.equals(role)) {
-        history.add(version(row, ChangelogLookup.DELETE.equals(role)));
+        changes.add(row);
       } else if (ChangelogLookup.LOOKUP.equals(role)) {
         lookups.add(row);
       } else {
         out.add(row);
+      }
+    }
+    changes.sort(readOrder());  // of one time and one record, the first read is the one kept
+    for (Row row : changes) {
+      Row version = version(row, ChangelogLookup.DELETE.equals(row.getString(columns.role)));
+      if (holds(history, version)) {
+        continue;  // a replay re-reads versions already held: one copy each
+      }
+      history.add(version);
+      if (version.getLong(0) < watermark - allowedLatenessMs) {
+        out.add(with(row, late, 1L));  // a late version: stored, and emitted once to be counted
       }
     }
     history.sort(versionOrder());
@@ -139,10 +157,27 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
         waits.add(judged);
       }
     }
-    for (Row row : waits) {
-      waiting.appendValue(row);
-    }
     registerTimers(waits, history, watermark);
+    if (waiting.exists()) {
+      // Orders already waiting may be due now that the key has new versions, and must be decided
+      // before the history is pruned below (the model decides them in the same batch).
+      List<Row> kept = new ArrayList<>();
+      for (Row row : load(waiting)) {
+        if (!decideIfDue(row, history, watermark, out)) {
+          kept.add(row);
+        }
+      }
+      kept.addAll(waits);
+      if (kept.isEmpty()) {
+        waiting.clear();
+      } else {
+        waiting.put(kept.toArray(new Row[0]));
+      }
+    } else {
+      for (Row row : waits) {
+        waiting.appendValue(row);
+      }
+    }
     finish(history, before != history.size(), watermark);
     return CollectionConverters.asScala(out.iterator());
   }
@@ -255,8 +290,40 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
     return new GenericRowWithSchema(values, versionSchema);
   }
 
+  /** Whether the history holds a version of the same time and the same record (or tombstone). */
+  private boolean holds(List<Row> history, Row version) {
+    int first = 1 + columns.order.length;  // the tombstone flag, then the state columns
+    for (Row held : history) {
+      if (held.getLong(0) != version.getLong(0)) {
+        continue;
+      }
+      boolean same = true;
+      for (int i = first; i < versionSchema.size() && same; i++) {
+        same = Objects.equals(held.get(i), version.get(i));
+      }
+      if (same) {
+        return true;
+      }
+    }
+    return false;
+  }
+
   private boolean isTombstone(Row version) {
     return version.getBoolean(1 + columns.order.length);
+  }
+
+  /** Input rows by their read order columns. */
+  private Comparator<Row> readOrder() {
+    return (a, b) -> {
+      for (int index : columns.order) {
+        long x = a.isNullAt(index) ? Long.MIN_VALUE : ((Number) a.get(index)).longValue();
+        long y = b.isNullAt(index) ? Long.MIN_VALUE : ((Number) b.get(index)).longValue();
+        if (x != y) {
+          return Long.compare(x, y);
+        }
+      }
+      return 0;
+    };
   }
 
   /** Versions by time, then read order (the later read of one time wins). */

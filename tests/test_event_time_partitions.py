@@ -1,0 +1,132 @@
+"""Event time over partitioned changelogs, through the real job: one watermark per partition.
+
+These tests run a broker of their own on which every topic of the job has two partitions.
+One partition of the users topic goes far ahead in event time, the other stays behind. With a
+watermark per topic the users topic would be past every order at once; per partition, the one
+behind holds every order back until it goes idle (or moves), and the orders of its users then
+get their versions from it.
+"""
+
+from __future__ import annotations
+
+import pulsar
+import pytest
+
+from pipeline import wire
+from pipeline.broker import EmbeddedBroker
+from pipeline.metrics import read_events, read_rows
+from factories import item, order, user
+from jobproc import JobThread
+from sinkread import orders_done, rows
+from waiting import wait_for
+
+pytestmark = pytest.mark.e2e
+T0 = 1_700_000_000_000
+ORDERS = 12
+OOO_MS = 1_000
+
+
+@pytest.fixture(scope="module")
+def partitioned(tmp_path_factory):
+    """A broker of its own whose three job topics have two partitions each. pulsar-lite has no
+    admin API; it keeps partitioned topics in its metadata file, read at start-up (its
+    ``default_partitions`` setting would also partition the topics named after partitions)."""
+    import json
+
+    data_dir = tmp_path_factory.mktemp("partitioned-broker")
+    topics = {k: f"persistent://public/default/{k}-{data_dir.name}" for k in ("users", "items", "orders")}
+    (data_dir / "broker").mkdir()
+    (data_dir / "broker" / "db.metadata.json").write_text(json.dumps(
+        {"version": 2, "partitioned_topics": {topic: {"partitions": 2} for topic in topics.values()}}))
+    with EmbeddedBroker(data_dir) as running:
+        yield running, topics
+
+
+def send(url: str, topic: str, messages: list[tuple[str, bytes, int]]) -> dict[str, int]:
+    """(key, payload, event time) messages, routed by key (pulsar-lite makes a partition's own
+    name another topic); returns the partition each key went to."""
+    client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        producer = client.create_producer(topic, batching_enabled=False)
+        return {key: producer.send(payload, partition_key=key, event_timestamp=at).partition()
+                for key, payload, at in messages}
+    finally:
+        client.close()
+
+
+def job_settings(broker, data_dir, topics, **overrides):
+    from pipeline.config import load_settings
+
+    values = {"pulsar.service_url": broker.service_url, "paths.data_dir": str(data_dir), "spark.master": "local[2]",
+              "job.trigger_interval": "200ms", "enrichment.time": "event", "enrichment.max_wait": "0s",
+              "enrichment.out_of_orderness": f"{OOO_MS}ms", "enrichment.allowed_lateness": "1h",
+              **{f"topics.{k}": v for k, v in topics.items()}, **overrides}
+    return load_settings(env={}, cli=values)
+
+
+def newest_row(data_dir, condition):
+    """The first ``watermarks`` row that satisfies ``condition``, or None."""
+    return next((row for row in read_rows(data_dir, "watermarks") if condition(row)), None)
+
+
+def partitions_of(row: dict, topic: str) -> dict[int, dict]:
+    entry = next(t for t in row["topics"] if t["topic"] == topic)
+    return {part["partition"]: part for part in entry["partitions"]}
+
+
+def test_a_partition_behind_holds_every_order_until_it_goes_idle(partitioned, tmp_path):
+    broker, topics = partitioned
+    url = broker.service_url
+    client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        assert len(client.get_topic_partitions(topics["users"])) == 2
+    finally:
+        client.close()
+    settings = job_settings(broker, tmp_path / "data", topics, **{"enrichment.idle_timeout": "4s"})
+    # Users 1-8 early on, each in the partition its key hashes to; user 1's partition then goes far
+    # ahead, the other one (``behind``) stays at its newest early time.
+    where = send(url, topics["users"], [(str(u), wire.encode(user(u)), T0 + u * 100) for u in range(1, 9)])
+    ahead = where["1"]
+    behind_users = [int(key) for key, part in where.items() if part != ahead]
+    assert behind_users, "users 1-8 all hashed to one partition"
+    behind, late_user = 1 - ahead, behind_users[0]
+    held_at = T0 + max(behind_users) * 100 - OOO_MS
+    send(url, topics["users"], [("1", wire.encode(user(1, firstName="Later1")), T0 + 60_000)])
+    items = send(url, topics["items"], [(str(i), wire.encode(item(i)), T0 + 50) for i in range(1, 9)])
+    for part in (0, 1):  # every items partition goes far ahead
+        first = next(key for key, p in items.items() if p == part)
+        send(url, topics["items"], [(first, wire.encode(item(int(first), price=5.0)), T0 + 60_000)])
+    send(url, topics["orders"], [(f"o{n}", wire.encode(order(n, (1, late_user)[n % 2], 1, createdAt=T0 + 10_000 + n * 1_000)),
+                                  T0 + 10_000 + n * 1_000) for n in range(ORDERS)])
+    job = JobThread(settings)
+    try:
+        # Everything read, and the job's watermark is the behind partition's: it holds every order back.
+        held = wait_for(lambda: newest_row(settings.data_dir, lambda row: row["watermark_ms"] == held_at
+                                           and partitions_of(row, "users").get(behind, {}).get("watermark_ms") == held_at
+                                           and partitions_of(row, "users").get(ahead, {}).get("newest_ms") == T0 + 60_000)
+                        or job.error, timeout=240, what="the watermark held by the users partition behind")
+        assert job.error is None
+        assert next(t for t in held["topics"] if t["topic"] == "users")["watermark_ms"] == held_at
+        # Every changelog partition goes quiet; once idle, none holds the watermark back, and the
+        # next row read (an item far ahead) carries it past every order.
+        wait_for(lambda: {(e["details"]["topic"], e["details"]["partition"])
+                          for e in read_events(settings.data_dir, ("topic_idle",))} >= {("users", 0), ("users", 1)}
+                 or job.error, timeout=120, what="both users partitions marked idle")
+        send(url, topics["items"], [("1", wire.encode(item(1, price=1.0)), T0 + 90_000)])
+        wait_for(lambda: orders_done(settings.data_dir) >= ORDERS or job.error, timeout=120, what="every order decided")
+        assert job.error is None
+        # the partition behind moves again: it holds the watermark again (an event names it)
+        send(url, topics["users"], [(str(late_user), wire.encode(user(late_user, firstName="Later")), T0 + 95_000)])
+        wait_for(lambda: any(e["details"] == {"topic": "users", "partition": behind}
+                             for e in read_events(settings.data_dir, ("topic_active",))) or job.error,
+                 timeout=120, what="the users partition behind active again")
+    finally:
+        job.close()
+    idle = [e for e in read_events(settings.data_dir, ("topic_idle",))
+            if e["details"] == {"topic": "users", "partition": behind}]
+    assert f"users partition {behind} has had no new message for 4s" in idle[0]["message"]
+    decided = rows(settings.data_dir, "enriched")
+    # No order was decided while the partition behind held the watermark (in that batch or before).
+    assert len(decided) == ORDERS and min(r["batch_id"] for r in decided) > held["batch_id"]
+    as_of = {(r["user_id"], r["user_first_name"], int(r["user_as_of"].timestamp() * 1000)) for r in decided}
+    assert as_of == {(1, "First1", T0 + 100), (late_user, f"First{late_user}", T0 + late_user * 100)}
