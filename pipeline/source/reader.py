@@ -125,17 +125,18 @@ class _Block:
     """
 
     def __init__(self):
-        self.ids, self.keys, self.values, self.published, self.event_times, self.properties = [], [], [], [], [], []
+        self.ledgers, self.entries, self.batches = [], [], []  # each message's id: ledger:entry:partition:batch
+        self.keys, self.values, self.published, self.event_times, self.properties = [], [], [], [], []
 
     def to_arrow(self, kind: str, topic: str, partition: int, start_n: int, gen: int):
         import numpy as np
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        n = len(self.ids)
-        # str(MessageId) is "(ledger,entry,partition,batch)": our id text in the same order
-        id_texts = pa.array(list(map(str, self.ids)), pa.string())
-        message_ids = pc.replace_substring(pc.utf8_slice_codeunits(id_texts, 1, -1), ",", ":")
+        n = len(self.batches)
+        message_ids = pc.binary_join_element_wise(
+            pa.array(self.ledgers, pa.int64()).cast(pa.string()), pa.array(self.entries, pa.int64()).cast(pa.string()),
+            pa.repeat(str(partition), n), pa.array(self.batches, pa.int64()).cast(pa.string()), ":")
         published = pc.multiply(pa.array(self.published, pa.int64()), 1000).cast(pa.timestamp("us", tz="UTC"))
         event_times = pa.array(self.event_times, pa.int64())
         columns = [pa.repeat(kind, n), pa.repeat(topic, n), pa.repeat(pa.scalar(partition, pa.int32()), n),
@@ -207,13 +208,16 @@ class _RangeStream:
         import pulsar
 
         block = _Block()
-        ids, keys, values, published, event_times, properties = (
-            block.ids, block.keys, block.values, block.published, block.event_times, block.properties)
+        ledgers, entries, batches, keys, values, published, event_times, properties = (
+            block.ledgers, block.entries, block.batches, block.keys, block.values, block.published,
+            block.event_times, block.properties)
         # This loop is the source's whole cost (each call into pulsar-client costs about half a
         # microsecond), so it calls the C++ reader under pulsar-client's Python wrapper directly
         # and keeps every lookup local.
         read_next = self.reader._reader.read_next
         last, got = self.last, 0
+        ledger = entry = None
+        previous_batch = 1 << 62  # the first message read starts an entry
         quiet_since = time.monotonic()
         while got < count:
             try:
@@ -241,7 +245,15 @@ class _RangeStream:
                 key, props_json = read_key_and_properties(message)
             else:
                 props_json = json.dumps(props, sort_keys=True) if props else None
-            ids.append(found)
+            # A message's batch index says when a new entry starts (it falls back, or is -1 for an
+            # unbatched message); only then are the ledger and entry asked for, once an entry.
+            batch = found.batch_index()
+            if batch <= previous_batch or batch < 0:
+                ledger, entry = found.ledger_id(), found.entry_id()
+            previous_batch = batch
+            ledgers.append(ledger)
+            entries.append(entry)
+            batches.append(batch)
             keys.append(key)
             properties.append(props_json)
             values.append(message.data())
@@ -249,6 +261,8 @@ class _RangeStream:
             event_times.append(message.event_timestamp())
             got += 1
         self.last = last
+        if got and (ledgers[-1], entries[-1]) != (last.ledger_id(), last.entry_id()):  # the rule above broken
+            raise SourceError(f"{self.topic!r}: message ids out of entry order before {id_text(last)}")
         return block
 
     def close(self) -> None:
