@@ -150,6 +150,28 @@ def test_one_big_batch_writes_the_same(published, broker, tmp_path, spark):
     assert deleted.versions[-1]["tombstone"] and deleted.latest is None
 
 
+def test_a_replay_adds_no_version_twice(published, broker, tmp_path, spark):
+    """A replay of the users topic re-reads every version the job holds: none is added again
+    (a key's history keeps each version once), none counts as late, and the sinks do not change."""
+    from pipeline import control
+    from pipeline.state import inspect_key
+
+    publish_all(published, broker.service_url)
+    settings = settings_for(published, tmp_path / "replayed", broker, job__max_rows_per_batch=100_000)
+    job = JobThread(settings)
+    try:
+        wait_for(lambda: orders_done(settings.data_dir) >= ORDERS or job.error, timeout=240, what="every order decided")
+        control.request_replay(settings, "users", requested_by="test")
+        wait_for(lambda: read_events(settings.data_dir, ("replay_finished",)) or job.error, timeout=120,
+                 what="the replay to finish")
+    finally:
+        job.close()
+    assert written(settings.data_dir) == expected(published["data"])
+    renamed = inspect_key(spark, store.checkpoint_dir(settings.data_dir), USERS, 2)
+    assert [v["version_ms"] for v in renamed.versions] == [T0 + 2_000, T0 + 21_000]
+    assert sum(t.get("late_versions") or 0 for row in read_rows(settings.data_dir, "watermarks") for t in row["topics"]) == 0
+
+
 def test_a_kill_9_midway_writes_the_same(published, broker, tmp_path):
     publish_all(published, broker.service_url)
     settings = settings_for(published, tmp_path / "killed", broker, job__max_rows_per_batch=20,

@@ -43,7 +43,7 @@ CHANGELOGS = ("users", "items")
 
 
 def idle_file(data_dir: Path) -> Path:
-    """Where the driver says which changelogs are idle (read by the parse step)."""
+    """Where the driver says which changelog partitions are idle (read by the parse step)."""
     return store.checkpoint_dir(data_dir).parent / "event-time" / "idle.json"
 
 
@@ -52,10 +52,11 @@ NEWEST_KEPT = 50
 
 
 def restored_newest(checkpoint: Path) -> dict[str, int]:
-    """The newest event time per topic as of the checkpoint's last committed batch ({} if unknown).
+    """The newest event time per changelog partition (clock name) and of the orders, as of the
+    checkpoint's last committed batch ({} if unknown).
 
-    Spark's offset log keeps only the job's watermark, not each changelog's, so after a restart a
-    quiet changelog would hold the watermark back until it had new messages; the query is built
+    Spark's offset log keeps only the job's watermark, not each partition's, so after a restart a
+    quiet partition would hold the watermark back until it had new messages; the query is built
     with these instead (``lookups.with_event_watermarks``)."""
     from pipeline.sinks import last_committed_batch
 
