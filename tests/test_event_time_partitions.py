@@ -14,16 +14,30 @@ import pytest
 
 from pipeline import wire
 from pipeline.broker import EmbeddedBroker
+from pipeline.enrich import rules
+from pipeline.enrich.lookups import WATERMARK_COLUMN, with_event_watermarks
 from pipeline.metrics import read_events, read_rows
 from factories import item, order, user
 from jobproc import JobThread
 from sinkread import orders_done, rows
 from waiting import wait_for
 
-pytestmark = pytest.mark.e2e
 T0 = 1_700_000_000_000
 ORDERS = 12
 OOO_MS = 1_000
+
+
+def test_every_row_passes_one_partition_branch_once(spark):
+    """The plan has a watermark branch per changelog partition, cut to disjoint rows: each row
+    comes out once, whatever its topic and partition (one not listed included)."""
+    kinds = [("users", 0), ("users", 1), ("users", 1), ("users", 7), ("items", -1), ("orders", 0), ("orders", 1)]
+    rows = [{**dict.fromkeys(rules.ENVELOPE_FIELDS), "kind": kind, "source_partition": part, "key": f"k{n}",
+             "op": "order" if kind == "orders" else "upsert", "event_time": T0 + n, "published_at": T0}
+            for n, (kind, part) in enumerate(kinds)]
+    frame = spark.createDataFrame(rows, rules.ENVELOPE_SPARK_SCHEMA)
+    out = with_event_watermarks(frame, "created_at", OOO_MS, partitions={"users": [0, 1], "items": [-1]})
+    assert sorted(row["key"] for row in out.collect()) == sorted(row["key"] for row in rows)
+    assert WATERMARK_COLUMN not in out.columns
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +88,7 @@ def partitions_of(row: dict, topic: str) -> dict[int, dict]:
     return {part["partition"]: part for part in entry["partitions"]}
 
 
+@pytest.mark.e2e
 def test_a_partition_behind_holds_every_order_until_it_goes_idle(partitioned, tmp_path):
     broker, topics = partitioned
     url = broker.service_url
