@@ -134,7 +134,7 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
         from pipeline.enrich.event_clock import changelog_partitions, restored_newest
         rows = with_event_watermarks(rows, settings["enrichment.order_time"],
                                      int(settings["enrichment.out_of_orderness"] * 1000), restored_newest(checkpoint),
-                                     changelog_partitions(service_url, settings.topics))
+                                     changelog_partitions(service_url, settings.topics, settings["pulsar.auth_token"]))
         for lookup in LOOKUPS:
             rows = apply_event_lookup(rows, lookup, settings.max_wait_ms,
                                       int(settings["enrichment.allowed_lateness"] * 1000))

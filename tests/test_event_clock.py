@@ -141,3 +141,19 @@ def test_a_partition_with_unread_messages_never_goes_idle(tmp_path):
     for batch in range(3):
         clock.observe(partitioned_progress(batch, batch * 5, {0: 3, 1: 2}, {}, latest_users={0: 3, 1: 9}))
     assert read_idle(str(event_clock.idle_file(tmp_path))) == "users/0"
+
+
+def test_the_changelog_partitions_are_asked_with_the_token(monkeypatch):
+    from pipeline.source import reader
+
+    asked = []
+
+    def list_partitions(url, topic):
+        asked.append((url, topic, reader._tokens.get(url)))
+        return ["0", "1"] if topic == "u" else ["-1"]
+
+    monkeypatch.setattr(reader, "_tokens", {})
+    monkeypatch.setattr(reader, "list_partitions", list_partitions)
+    got = event_clock.changelog_partitions("pulsar://x:1", {"users": "u", "items": "i", "orders": "o"}, token="t")
+    assert got == {"users": [0, 1], "items": [-1]}
+    assert asked == [("pulsar://x:1", "u", "t"), ("pulsar://x:1", "i", "t")]  # orders hold no watermark

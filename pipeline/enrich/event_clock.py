@@ -69,11 +69,14 @@ def restored_newest(checkpoint: Path) -> dict[str, int]:
     return {str(k): int(v) for k, v in max(usable, key=lambda e: e["batch_id"])["newest"].items()} if usable else {}
 
 
-def changelog_partitions(service_url: str, topics: dict[str, str]) -> dict[str, list[int]]:
+def changelog_partitions(service_url: str, topics: dict[str, str], token: str | None = None) -> dict[str, list[int]]:
     """The partitions of each changelog topic, as ``with_event_watermarks`` takes them (-1 for a
-    topic that is not partitioned). Called on the driver when the query is built."""
-    from pipeline.source.reader import list_partitions
+    topic that is not partitioned), asked with ``pulsar.auth_token`` when there is one. Called
+    on the driver when the query is built."""
+    from pipeline.source.reader import list_partitions, use_token
 
+    if token:  # the driver's client for this URL is shared with the source: it must carry the token
+        use_token(service_url, token)
     return {kind: [int(part) for part in list_partitions(service_url, topics[kind])] for kind in CHANGELOGS}
 
 
