@@ -52,5 +52,16 @@ def publish(service_url: str, topic: str, messages: list[tuple[str | None, bytes
     return len(messages)
 
 
+def publish_timed(service_url: str, topic: str, messages: list[tuple[str, bytes, int]]) -> None:
+    """Send (key, payload, event time ms) triples in order, unbatched, each with its event time."""
+    client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        producer = client.create_producer(topic, batching_enabled=False)
+        for key, payload, at in messages:
+            producer.send(payload, partition_key=key, event_timestamp=at)
+    finally:
+        client.close()
+
+
 def keyed(kind: str, records: list[dict]) -> list[tuple[str, bytes]]:
     return [(wire.message_key(kind, r), wire.encode(r)) for r in records]

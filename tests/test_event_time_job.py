@@ -10,7 +10,6 @@ says, so they also agree with each other.
 
 from __future__ import annotations
 
-import pulsar
 import pytest
 
 from pipeline import store
@@ -19,7 +18,7 @@ from pipeline.enrich.event_clock import restored_newest
 from pipeline.enrich.lookups import ITEMS, USERS
 from pipeline.metrics import read_events, read_rows
 from pipeline import wire
-from factories import item, order, user
+from factories import item, order, publish_timed, user
 from jobproc import JobProcess, JobThread
 from sinkread import orders_done, rows
 from waiting import wait_for
@@ -51,16 +50,6 @@ def the_input() -> dict[str, list[tuple[str, bytes, int]]]:
         record = order(n, user_id, (n % 5) + 1, createdAt=T0 + 500 + n * 500)
         orders.append((f"o{n}", wire.encode(record), record["createdAt"]))
     return {"orders": orders, "users": users, "items": items}
-
-
-def publish_timed(url: str, topic: str, messages) -> None:
-    client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    try:
-        producer = client.create_producer(topic, batching_enabled=False)
-        for key, payload, at in messages:
-            producer.send(payload, partition_key=key, event_timestamp=at)
-    finally:
-        client.close()
 
 
 def expected(data) -> list[tuple]:

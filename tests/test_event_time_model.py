@@ -22,14 +22,13 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 
-import pulsar
 import pytest
 from hypothesis import HealthCheck, Phase, example, given, settings as hsettings, strategies as st
 
 from pipeline import wire
 from pipeline.enrich import event_rules, rules
 from pipeline.metrics import read_rows
-from factories import item, order, user
+from factories import item, order, publish_timed, user
 from jobproc import JobThread
 from sinkread import rows
 from waiting import wait_for
@@ -120,16 +119,6 @@ def messages_of(phase, base: int, clock_ms: int, invoices) -> dict[str, list[tup
     return {kind: messages}
 
 
-def send(url: str, topic: str, messages) -> None:
-    client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    try:
-        producer = client.create_producer(topic, batching_enabled=False)
-        for key, payload, at in messages:
-            producer.send(payload, partition_key=key, event_timestamp=at)
-    finally:
-        client.close()
-
-
 def consumed(data_dir, kind: str, position: int) -> bool:
     return any(t["topic"] == kind and t["end_position"] >= position
                for p in read_rows(data_dir, "progress") for t in p["topics"])
@@ -185,7 +174,7 @@ def test_the_job_decides_every_order_as_the_event_time_model_does(event_job, str
                 elif kind != "orders":
                     newest[kind] = max(newest[kind] or at, at)
             expected += model.process(envelopes, watermark)
-            send(url, settings.topics[kind], messages)
+            publish_timed(url, settings.topics[kind], messages)
             wait_for(lambda: consumed(data_dir, kind, published[kind]) or job.error, timeout=60,
                      what=f"the job to read {kind}")
         # Ticks move the watermark: wait for the job's batch at it (Spark runs one with no data to
