@@ -47,6 +47,22 @@ def test_watermarks_idle_events_and_the_parse_steps_file(tmp_path):
     assert len(read_rows(tmp_path, "watermarks")) == 4
 
 
+def test_a_quiet_job_marks_idle_changelogs_on_spark_s_idle_events(tmp_path):
+    """Once every topic is read, Spark runs no batch and posts no progress, only idle events: the
+    clock must still mark quiet changelogs idle then, or the next orders would wait for a batch
+    after them (a job whose input all came at once could hold its orders forever)."""
+    from types import SimpleNamespace
+
+    clock = event_clock.EventClockListener(MetricsStore(tmp_path), tmp_path, out_of_orderness_ms=2_000, idle_timeout_ms=3_000)
+    clock.observe(progress(0, 0, 2, 1, {"users": 10_000, "items": 4_000}))
+    clock.observe(progress(1, 1, 2, 1, {}))  # the last batch came before the timeout
+    clock.onQueryIdle(SimpleNamespace(timestamp="2026-01-01T00:00:02.000Z"))
+    assert read_idle(str(event_clock.idle_file(tmp_path))) is None  # 2 s quiet: not yet
+    clock.onQueryIdle(SimpleNamespace(timestamp="2026-01-01T00:00:11.000Z"))
+    assert read_idle(str(event_clock.idle_file(tmp_path))) == "items,users"
+    assert {e["details"]["topic"] for e in read_events(tmp_path, ("topic_idle",))} == {"users", "items"}
+
+
 def test_the_backpressure_query_reads_the_newest_watermarks(tmp_path):
     import duckdb
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -148,6 +149,7 @@ class EventClockListener(ProgressListener):
         self.history: list[dict] = []
         self.positions: dict[str, tuple] = {}
         self.last_moved_ms: dict[str, int] = {}
+        self.backlog: dict[str, int | None] = {}
         self.idle: set[str] = set()
         self.write_idle(set())  # a restarted job starts with every changelog partition active
 
@@ -156,6 +158,33 @@ class EventClockListener(ProgressListener):
             self.observe(json.loads(event.progress.json))
         except Exception:  # a listener error must never take the job down; it is logged
             log.exception("event-time listener failed on a progress event")
+
+    def onQueryIdle(self, event) -> None:
+        """A trigger with no new data (Spark posts no progress for it): time still passes, so a
+        changelog partition can go idle now, and the next batch (new orders) must see it."""
+        try:
+            try:
+                now_ms = _iso_ms(event.timestamp)
+            except (TypeError, ValueError):
+                now_ms = int(time.time() * 1000)
+            self.update_idle(now_ms)
+        except Exception:  # a listener error must never take the job down; it is logged
+            log.exception("event-time listener failed on an idle event")
+
+    def update_idle(self, now_ms: int) -> None:
+        """Mark the changelog partitions idle at ``now_ms`` (events and the idle file on a change)."""
+        changelog_moves = {n: m for n, m in self.last_moved_ms.items() if topic_of_clock(n) in CHANGELOGS}
+        idle = idle_topics(changelog_moves, self.backlog, now_ms, self.idle_timeout_ms)
+        for name in sorted(idle - self.idle):
+            self.store.event("topic_idle", f"{describe_clock(name)} has had no new message for "
+                             f"{self.idle_timeout_ms / 1000:g}s: it no longer holds the event-time watermark back",
+                             **_clock_details(name))
+        for name in sorted(self.idle - idle):
+            self.store.event("topic_active", f"{describe_clock(name)} has new messages: it holds the event-time "
+                             "watermark again", **_clock_details(name))
+        if idle != self.idle:
+            self.write_idle(idle)
+        self.idle = idle
 
     def observe(self, progress: dict) -> dict:
         """Take one batch's progress; returns (and stores) its ``watermarks`` row."""
@@ -171,18 +200,8 @@ class EventClockListener(ProgressListener):
                 self.positions[name] = (generation, position)
                 self.last_moved_ms[name] = ts_ms
             backlog[name] = unread
-        changelog_moves = {n: m for n, m in self.last_moved_ms.items() if topic_of_clock(n) in CHANGELOGS}
-        idle = idle_topics(changelog_moves, backlog, ts_ms, self.idle_timeout_ms)
-        for name in sorted(idle - self.idle):
-            self.store.event("topic_idle", f"{describe_clock(name)} has had no new message for "
-                             f"{self.idle_timeout_ms / 1000:g}s: it no longer holds the event-time watermark back",
-                             **_clock_details(name))
-        for name in sorted(self.idle - idle):
-            self.store.event("topic_active", f"{describe_clock(name)} has new messages: it holds the event-time "
-                             "watermark again", **_clock_details(name))
-        if idle != self.idle:
-            self.write_idle(idle)
-        self.idle = idle
+        self.backlog = backlog
+        self.update_idle(ts_ms)
         watermark = (progress.get("eventTime") or {}).get("watermark")
         row = {"ts": progress["timestamp"], "ts_ms": ts_ms, "batch_id": progress["batchId"],
                "watermark_ms": _iso_ms(watermark) if watermark else None,
