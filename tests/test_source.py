@@ -274,3 +274,36 @@ def test_look_ahead_reads_on_after_the_broker_drops_its_connection(tmp_path):
             cursor.close()
     finally:
         broker.stop()
+
+
+def test_look_ahead_reads_in_the_background_while_batches_run(broker):
+    """Started, the cursor reads ahead on its own: planning a batch waits only for ids it has
+    not read yet, and a full look-ahead reads on once a batch consumes its ids."""
+    from pipeline.source.cursor import PartitionCursor
+    from pipeline.source.offsets import EARLIEST
+
+    def in_order(ids):
+        return len(set(ids)) == len(ids) and ids == sorted(ids, key=lambda t: tuple(int(x) for x in t.split(":")))
+
+    topic = f"persistent://public/default/background-{time.time_ns()}"
+    publish(broker.service_url, topic, keyed("orders", [order(n, 1, 1) for n in range(10)]))
+    cursor = PartitionCursor(broker.service_url, topic, "-1", EARLIEST, 0, max_ahead=6).start()
+    try:
+        wait_for(lambda: cursor.known_n == 6, timeout=30, what="the look-ahead to fill up")
+        cursor.wait_for(10, budget_s=0.3)  # full: it cannot know more until a batch consumes ids
+        assert cursor.known_n == 6
+        first = [cursor.id_at(n) for n in range(1, 7)]
+        cursor.advance_to(4)  # a batch planned up to position 4: room for 4 more
+        cursor.wait_for(10, budget_s=30)
+        assert cursor.known_n == 10
+        middle = [cursor.id_at(n) for n in range(4, 11)]
+        assert middle[:3] == first[3:] and in_order(middle)
+        cursor.advance_to(10)
+        publish(broker.service_url, topic, keyed("orders", [order(n, 1, 1) for n in range(10, 15)]))
+        # nobody polls: the background reader finds them (a plan a moment earlier saw the end)
+        wait_for(lambda: cursor.known_n >= 15, timeout=30, what="the ids published after it reached the end")
+        last = [cursor.id_at(n) for n in range(10, 16)]
+        assert last[0] == middle[-1] and in_order(last) and cursor.known_n == 15
+    finally:
+        cursor.close()
+    assert not cursor._thread.is_alive()

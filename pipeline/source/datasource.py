@@ -65,7 +65,7 @@ from pipeline.source.cursor import PartitionCursor
 
 log = logging.getLogger(__name__)
 PARTITION_REFRESH_S = 10.0
-LOOK_AHEAD_EXTRA_S = 0.25
+LOOK_AHEAD_WAIT_S = 1.0  # most a batch waits for ids the look-ahead has not read yet
 SPLIT_ROWS = 10_000  # a partition's rows in one batch are read (and parsed) in pieces of about this
 
 
@@ -196,11 +196,10 @@ class PulsarStreamReader(DataSourceStreamReader):
             new_gen = start.get(kind, {}).get("gen") != topic_offset["gen"]
             for p, part in topic_offset["parts"].items():
                 cursor = self._cursor(kind, topic_offset["gen"], p, part["id"], part["n"])
-                # Knowing max_rows ahead is enough to plan the batch; a short extra read grows
-                # the backlog seen (a lower bound) without holding each batch back for long.
-                if max_rows:
-                    cursor.poll(until_n=part["n"] + max_rows)
-                cursor.poll(budget_s=LOOK_AHEAD_EXTRA_S if max_rows else 1.0)
+                # The cursor reads ahead in the background; knowing max_rows ahead (or reaching
+                # the end) is enough to plan the batch.
+                cursor.wait_for(part["n"] + max_rows if max_rows else cursor.known_n + cursor.max_ahead,
+                                LOOK_AHEAD_WAIT_S)
                 available[(kind, p)] = cursor.known_n - part["n"]
                 if new_gen:
                     log.info("replay of %s generation %s starts at %s", kind, topic_offset["gen"], part["id"])
@@ -233,7 +232,7 @@ class PulsarStreamReader(DataSourceStreamReader):
                 cursor.advance_to(start_n)
                 return cursor
             cursor.close()
-        cursor = PartitionCursor(self.service_url, self.topics[kind], p, start_id, start_n, self.look_ahead)
+        cursor = PartitionCursor(self.service_url, self.topics[kind], p, start_id, start_n, self.look_ahead).start()
         self._cursors[(kind, p)] = (gen, cursor)
         return cursor
 
