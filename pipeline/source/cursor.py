@@ -69,12 +69,14 @@ class PartitionCursor:
                 while len(self._ids) >= self.max_ahead and not self._stopping.is_set():
                     self._changed.wait(0.5)  # full: wait for advance_to
 
-    def wait_for(self, until_n: int, budget_s: float) -> None:
-        """Return once position ``until_n`` is known, the reader is at the end of the partition,
-        or ``budget_s`` has passed (background reading; raises what stopped the reader)."""
+    def wait_for(self, until_n: int | None, budget_s: float) -> None:
+        """Return once position ``until_n`` is known (None: ``max_ahead`` ids are held), the reader
+        is at the end of the partition, or ``budget_s`` has passed (background reading; raises
+        what stopped the reader)."""
         deadline = time.monotonic() + budget_s
         with self._changed:
-            while self._error is None and self.known_n < until_n and not self.at_end:
+            while (self._error is None and not self.at_end
+                   and self.known_n < (self.base_n + self.max_ahead if until_n is None else until_n)):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
@@ -111,22 +113,20 @@ class PartitionCursor:
             self.base_n = n
             self._changed.notify_all()  # room again for a background reader that filled up
 
-    def poll(self, budget_s: float = 1.0, first_wait_ms: int = 20, until_n: int | None = None) -> int:
-        """Read ahead for up to ``budget_s``, until nothing more is there, or until position
-        ``until_n`` is known (enough to plan the next batch); returns rows read."""
+    def poll(self, budget_s: float = 1.0, first_wait_ms: int = 20) -> int:
+        """Read ahead for up to ``budget_s``, until nothing more is there, or until ``max_ahead``
+        ids are held; returns rows read."""
         import pulsar
 
         read = 0
         deadline = time.monotonic() + budget_s
         wait_ms = first_wait_ms
-        ids, changed = self._ids, self._changed
+        ids, changed, max_ahead = self._ids, self._changed, self.max_ahead
         reached_end = False
         with changed:
             newest = self._newest()
-        while time.monotonic() < deadline:
-            with changed:  # advance_to may move the base meanwhile
-                if len(ids) >= (self.max_ahead if until_n is None else min(self.max_ahead, until_n - self.base_n)):
-                    break
+            full = len(ids) >= max_ahead
+        while not full and time.monotonic() < deadline:
             try:
                 # the wrapped C++ reader: pulsar-client's Python wrapper costs a call per message
                 mid = self._reader._reader.read_next(wait_ms).message_id()
@@ -143,8 +143,9 @@ class PartitionCursor:
                 # counting a message twice would shift every later position.
                 self.redelivered += 1
                 continue
-            with changed:
+            with changed:  # one lock a message: advance_to (the planner) may shrink the list meanwhile
                 ids.append(mid)
+                full = len(ids) >= max_ahead
             newest = mid
             read += 1
             wait_ms = 2  # the receiver queue is warm; a short wait means we reached the end

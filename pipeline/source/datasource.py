@@ -198,8 +198,7 @@ class PulsarStreamReader(DataSourceStreamReader):
                 cursor = self._cursor(kind, topic_offset["gen"], p, part["id"], part["n"])
                 # The cursor reads ahead in the background; knowing max_rows ahead (or reaching
                 # the end) is enough to plan the batch.
-                cursor.wait_for(part["n"] + max_rows if max_rows else cursor.known_n + cursor.max_ahead,
-                                LOOK_AHEAD_WAIT_S)
+                cursor.wait_for(part["n"] + max_rows if max_rows else None, LOOK_AHEAD_WAIT_S)
                 available[(kind, p)] = cursor.known_n - part["n"]
                 if new_gen:
                     log.info("replay of %s generation %s starts at %s", kind, topic_offset["gen"], part["id"])
