@@ -14,10 +14,12 @@ def test_options_point_at_the_archive_when_it_is_there(tmp_path):
 
 
 def test_the_spark_session_carries_them(spark):
-    """The session every test shares starts through pipeline.spark.build_spark, as the job does."""
+    """The session every test shares starts through pipeline.spark.build_spark, as the job does,
+    with the driver's JVM options."""
     from pipeline.class_archive import ARCHIVE
 
     jvm_arguments = list(spark._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
     assert "-Xss16m" in jvm_arguments
+    assert "-XX:TieredStopAtLevel=1" in jvm_arguments  # C1 only: the first batches get both cores
     assert (f"-XX:SharedArchiveFile={ARCHIVE}" in jvm_arguments) == ARCHIVE.is_file()
     assert "sharing" in spark._jvm.java.lang.System.getProperty("java.vm.info")
