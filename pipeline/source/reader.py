@@ -23,6 +23,9 @@ from pipeline.source.offsets import EARLIEST, Position, Range
 
 log = logging.getLogger(__name__)
 ARROW_BATCH_ROWS = 8192
+# Messages a range reader's client asks the broker for at a time (it asks again after taking
+# half). See _RangeStream for why it is not larger.
+RANGE_RECEIVER_QUEUE = 5000
 _clients: dict[str, object] = {}
 # The token each broker URL is reached with in this process (``pulsar.auth_token``): the data
 # source sets it from its ``authToken`` option on the driver and in every read task.
@@ -201,7 +204,7 @@ class _RangeStream:
             self.client = new_client(self.service_url)
         except Exception as exc:
             raise SourceError(f"cannot connect to {self.service_url!r} to read {self.topic!r}: {exc}") from exc
-        self.reader = open_reader(self.service_url, self.name, start_id, client=self.client)
+        self.reader = open_reader(self.service_url, self.name, start_id, RANGE_RECEIVER_QUEUE, client=self.client)
 
     def read(self, count: int) -> _Block:
         """The next ``count`` messages not seen yet (it raises if the deadline passes first)."""
