@@ -14,7 +14,7 @@ import threading
 import time
 
 from pipeline.errors import SourceError
-from pipeline.source.reader import client_message_id, id_text, new_client, open_reader, partition_topic
+from pipeline.source.reader import client_message_id, close_quietly, id_text, open_on_own_connection, partition_topic
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +33,8 @@ class PartitionCursor:
         self.max_ahead = max_ahead
         self._ids: list = []
         self._base = client_message_id(start_id)
-        # Its own connection: on pulsar-lite 0.2.0 a caught-up reader stops being sent new
-        # messages once another reader on the same connection receives one.
-        self._client = new_client(service_url)
         self._service_url = service_url
-        self._reader = open_reader(service_url, partition_topic(topic, partition), start_id, client=self._client)
+        self._client, self._reader = open_on_own_connection(service_url, partition_topic(topic, partition), start_id)
         self._stall_checked = time.monotonic()
         self.redelivered = self._redelivered_logged = 0  # messages the reader sent twice
         self.at_end = False  # the last read waited at the end of the partition
@@ -174,17 +171,19 @@ class PartitionCursor:
                     self.id_at(self.known_n))
         self._close_connection()
         try:
-            self._client = new_client(self._service_url)
-            self._reader = open_reader(self._service_url, partition_topic(self.topic, self.partition),
-                                       self.id_at(self.known_n), client=self._client)
-        except Exception as exc:
+            self._open_at_newest()
+        except SourceError as exc:
             raise SourceError(f"lost the connection to the broker while reading {self.topic!r}: {exc}") from None
+
+    def _open_at_newest(self) -> None:
+        self._client, self._reader = open_on_own_connection(
+            self._service_url, partition_topic(self.topic, self.partition), self.id_at(self.known_n))
 
     def _reopen_if_stalled(self) -> None:
         """Reopen the reader at the newest id seen if the broker has messages it does not deliver.
 
-        Seen once on pulsar-lite after a crash-restart: a reader that stays idle while its topic
-        holds unread messages. Asking costs one round trip every third idle poll.
+        Seen on pulsar-lite: a reader that stays idle while its topic holds unread messages (see
+        the README's pulsar-lite notes for why). Asking costs one round trip, at most every 2 s.
         """
         try:
             waiting = self._reader.has_message_available()
@@ -193,9 +192,8 @@ class PartitionCursor:
         if waiting:
             log.warning("reader on %r partition %s stalled; reopening at %s", self.topic, self.partition,
                         self.id_at(self.known_n))
-            self._reader.close()
-            self._reader = open_reader(self._service_url, partition_topic(self.topic, self.partition),
-                                       self.id_at(self.known_n), client=self._client)
+            self._close_connection()
+            self._open_at_newest()
 
     def close(self) -> None:
         self._stopping.set()
@@ -206,8 +204,4 @@ class PartitionCursor:
         self._close_connection()
 
     def _close_connection(self) -> None:
-        for closeable in (self._reader, self._client):
-            try:
-                closeable.close()
-            except Exception:  # closing a reader of a dead broker must not mask the real error
-                pass
+        close_quietly(self._reader, self._client)

@@ -86,6 +86,35 @@ def open_reader(service_url: str, topic: str, start_id: str, receiver_queue: int
         raise SourceError(f"cannot open a reader on {topic!r} at {start_id!r} via {service_url!r}: {exc}") from exc
 
 
+def open_on_own_connection(service_url: str, name: str, start_id: str, receiver_queue: int = 5000):
+    """A client of its own (so its own connection) and a reader on it right after ``start_id``.
+
+    Every reader the source keeps reads on a connection of its own, and reopens a reader that
+    stalls by calling this again at the last id it took: pulsar-lite 0.2.0 stops feeding a
+    reader whose connection's outbound buffer filled up (the README's pulsar-lite notes), and a
+    caught-up reader sharing a connection misses new messages.
+    """
+    try:
+        client = new_client(service_url)
+    except Exception as exc:
+        raise SourceError(f"cannot connect to {service_url!r} to read {name!r}: {exc}") from exc
+    try:
+        return client, open_reader(service_url, name, start_id, receiver_queue, client=client)
+    except Exception:
+        close_quietly(client)
+        raise
+
+
+def close_quietly(*closeables) -> None:
+    """Close readers and clients; closing one of a dead broker must not mask the real error."""
+    for closeable in closeables:
+        try:
+            if closeable is not None:
+                closeable.close()
+        except Exception:  # noqa: BLE001 - see the docstring
+            pass
+
+
 def list_partitions(service_url: str, topic: str) -> list[str]:
     """Partition keys of a topic: ['-1'] when it is not partitioned."""
     try:
@@ -196,15 +225,7 @@ class _RangeStream:
         self.start_id = start_id
         self.last = self._start = client_message_id(start_id)
         self.deadline = time.monotonic() + timeout_s
-        self.client = self.reader = None
-        self._open(start_id)
-
-    def _open(self, start_id: str) -> None:
-        try:
-            self.client = new_client(self.service_url)
-        except Exception as exc:
-            raise SourceError(f"cannot connect to {self.service_url!r} to read {self.topic!r}: {exc}") from exc
-        self.reader = open_reader(self.service_url, self.name, start_id, RANGE_RECEIVER_QUEUE, client=self.client)
+        self.client, self.reader = open_on_own_connection(service_url, name, start_id, RANGE_RECEIVER_QUEUE)
 
     def read(self, count: int) -> _Block:
         """The next ``count`` messages not seen yet (it raises if the deadline passes first)."""
@@ -234,7 +255,8 @@ class _RangeStream:
                     after = self.start_id if last is self._start else id_text(last)
                     log.warning("reader on %r stalled after %s; reopening on a new connection", self.name, after)
                     self.close()
-                    self._open(after)
+                    self.client, self.reader = open_on_own_connection(self.service_url, self.name, after,
+                                                                      RANGE_RECEIVER_QUEUE)
                     read_next = self.reader._reader.read_next
                     quiet_since = now
                 continue
@@ -269,12 +291,7 @@ class _RangeStream:
         return block
 
     def close(self) -> None:
-        for closeable in (self.reader, self.client):
-            try:
-                if closeable is not None:
-                    closeable.close()
-            except Exception:  # closing a reader of a dead broker must not mask the real error
-                pass
+        close_quietly(self.reader, self.client)
 
 
 def arrow_schema():
