@@ -18,8 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
-from bench import (bench_console, bench_event_time, bench_latency, bench_recovery, bench_sql, bench_startup,  # noqa: E402
-                   bench_state, bench_throughput)
+from bench import (bench_console, bench_event_time, bench_latency, bench_reader_stalls, bench_recovery,  # noqa: E402
+                   bench_sql, bench_startup, bench_state, bench_throughput)
 from bench.common import RESULTS_DIR, machine, now_utc  # noqa: E402
 
 LATEST = RESULTS_DIR / "latest.json"
@@ -31,6 +31,7 @@ BENCHES = {
     "latency": (bench_latency, []),
     "recovery": (bench_recovery, []),
     "startup": (bench_startup, []),
+    "reader_stalls": (bench_reader_stalls, ["--reads", "120", "--queues", "5000,1000,500"]),
     "state": (bench_state, []),
     "console": (bench_console, ["--orders", "5000000"]),
     "sql": (bench_sql, ["--keys", "1000000"]),
@@ -104,6 +105,17 @@ def figure_rows(results: dict) -> list[tuple[str, str, str, str]]:
                          cold, _f(restore["vs_cold_start"])))
         rows.append(("recovery, orders lost / duplicated", "0 / 0" if rec["exactly_once"] else "NOT exactly once",
                      f"{rec['workload']['orders']:,} orders", "–"))
+    stalls = results.get("reader_stalls", {})
+    if "by_receiver_queue" in stalls:
+        queues = stalls["by_receiver_queue"]
+        base = queues[str(stalls["baseline_queue"])]
+        for queue, row in queues.items():
+            if queue == str(stalls["baseline_queue"]):
+                continue
+            rows.append((f"range reader stalls, receiver queue {int(queue):,} (rows/s ratio)",
+                         f"{row['stalls']} in {row['reads']} ranges of {stalls['range_rows']:,}",
+                         f"queue {stalls['baseline_queue']:,}: {base['stalls']} in {base['reads']}",
+                         _f(row["rows_per_s_after_first_median"] / base["rows_per_s_after_first_median"])))
     state = results.get("state", {})
     if "steps" in state:
         idle = state["idle_job"]["memory"]
