@@ -130,12 +130,12 @@ def build_batch_duration_chart(batches: pd.DataFrame) -> go.Figure:
 
 
 def build_backlog_chart(backlog: pd.DataFrame) -> go.Figure:
-    """Unread messages per topic over time: ``trigger_time, topic, backlog``."""
+    """Unread broker entries per topic over time: ``trigger_time, topic, backlog``."""
     figure = go.Figure()
     for topic, rows in backlog.groupby("topic", sort=True):
         figure.add_scatter(x=rows["trigger_time"], y=rows["backlog"], name=topic, mode="lines",
                            line={"color": TOPIC_COLOURS.get(topic)})
-    return _layout(figure, "Backlog per topic (messages not read yet)", "messages")
+    return _layout(figure, "Backlog per topic (broker entries not read yet)", "entries")
 
 
 def build_phase_chart(batches: pd.DataFrame, phases: list[str]) -> go.Figure:

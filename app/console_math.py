@@ -248,12 +248,14 @@ def compute_replay_progress(start_position: int | None, current_position: int | 
 
 @dataclass(frozen=True)
 class ReplayProgress:
-    """Where a running replay is: positions on its topic and the share done (None if unknown)."""
+    """Where a running replay is: positions on its topic (broker entries), the share done (None
+    if unknown) and the messages re-read so far."""
 
     start_position: int | None
     current_position: int | None
     target_position: int | None
     fraction: float | None
+    messages: int = 0
 
 
 def locate_replay(positions: pd.DataFrame, target_position: int | None, generation: int | None = None) -> ReplayProgress:
@@ -261,10 +263,11 @@ def locate_replay(positions: pd.DataFrame, target_position: int | None, generati
 
     ``positions`` has ``generation, rows, end_position, latest_position`` per batch, oldest
     first. The replay reads under its own ``generation`` (the job numbers generations by
-    replay seq), or the newest one seen if that is unknown. Its start is where the first batch
-    of that generation began (``end_position − rows``), its current position the newest
+    replay seq), or the newest one seen if that is unknown. Positions count broker entries
+    from the start of the generation, so it starts at 0; its current position is the newest
     ``end_position``, and its target the ``target_position`` the job announced or, failing
     that, the newest ``latest_position`` of the generation (all it has to re-read so far).
+    ``rows`` are messages: their sum is what it re-read so far.
     """
     target = _int_or_none(target_position)
     generations = positions["generation"].fillna(0) if not positions.empty else pd.Series(dtype="int64")
@@ -274,11 +277,12 @@ def locate_replay(positions: pd.DataFrame, target_position: int | None, generati
         rows = positions[generations == generations.max()]
     else:
         return ReplayProgress(None, None, target, None)
-    start = int(rows["end_position"].iloc[0]) - int(rows["rows"].iloc[0])
+    start = 0
     current = int(rows["end_position"].iloc[-1])
     if target is None and "latest_position" in rows:
         target = _int_or_none(rows["latest_position"].iloc[-1])
-    return ReplayProgress(start, current, target, compute_replay_progress(start, current, target))
+    messages = int(pd.to_numeric(rows["rows"], errors="coerce").fillna(0).sum())
+    return ReplayProgress(start, current, target, compute_replay_progress(start, current, target), messages)
 
 
 def _int_or_none(value: Any) -> int | None:

@@ -56,7 +56,7 @@ METRICS = {
         "input_rows_per_second": "gauge", "processed_rows_per_second": "gauge", "batch_duration_ms": "gauge",
         "trigger_interval_ms": "gauge", "batch_phase_duration_ms": "gauge", "backpressure_ratio": "gauge",
         "state_rows": "gauge", "keys_held": "gauge", "orders_waiting": "gauge", "state_memory_bytes": "gauge", "state_commit_ms": "gauge", "rocksdb_commit_ms": "gauge",
-        "state_size_bytes": "gauge", "sink_rows_total": "counter", "backlog_messages": "gauge",
+        "state_size_bytes": "gauge", "sink_rows_total": "counter", "backlog_entries": "gauge",
         "restarts_total": "counter", "dead_letters_total": "counter", "end_to_end_latency_seconds": "histogram",
         "job_up": "gauge", "job_state": "gauge",
     }.items()
@@ -212,7 +212,7 @@ class StoreCollector(Collector):
         yield _counter("sink_rows_total", "Rows written to each sink, summed over the progress rows.",
                        [({"sink": "enriched"}, totals["enriched_rows"]), ({"sink": "missing_state"}, totals["missing_rows"]),
                         ({"sink": "dead_letter"}, totals["dead_letter_rows"])])
-        yield _gauge("backlog_messages", "Messages on each topic the job has not read yet (newest batch).",
+        yield _gauge("backlog_entries", "Broker entries on each topic the job has not read yet (newest batch; an entry is one message or one producer batch).",
                      [({"topic": row.topic}, row.backlog) for row in backlog.itertuples()])
         yield _counter("restarts_total", "Restarts of the job from its last checkpoint (restart events).",
                        [({}, events.get("restart", 0))])

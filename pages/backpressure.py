@@ -1,5 +1,5 @@
 """Backpressure: whether the job keeps up — input vs processing rate, batch duration vs trigger
-interval, and the backlog of unread messages per topic."""
+interval, and the backlog of unread broker entries per topic."""
 
 import streamlit as st
 
@@ -43,9 +43,10 @@ def render_backpressure() -> None:
         views.MetricCard("Processing rate", views.format_rate(latest["processed_rows_per_second"]),
                          help="Rows processed per second of batch time (Spark's processedRowsPerSecond)."),
         views.MetricCard("Orders backlog", views.format_count(latest_orders_backlog),
-                         None if growth is None else f"{growth:+,.1f} msg/s",
-                         help="Messages on the orders topic the job has not read yet; the delta is the trend "
-                              "(least-squares slope) over the batches shown."),
+                         None if growth is None else f"{growth:+,.1f} entries/s",
+                         help="Broker entries on the orders topic the job has not read yet (an entry is one "
+                              "message, or one producer batch of them: the job plans batches without reading "
+                              "messages); the delta is the trend (least-squares slope) over the batches shown."),
     ])
     rates_column, duration_column = st.columns(2)
     rates_column.plotly_chart(charts.build_rates_chart(batches), key="rates")

@@ -91,13 +91,14 @@ def render_running_replay(replay) -> None:
         return
     if progress.fraction is None:
         st.info(f"{label}: started {views.format_time(replay.started_at)}; "
-                f"{progress.current_position - progress.start_position:,} messages re-read so far.",
+                f"{progress.current_position - progress.start_position:,} broker entries "
+                f"({progress.messages:,} messages) re-read so far.",
                 icon=":material/autorenew:")
         return
     st.progress(progress.fraction, text=(
         f"{label}: {progress.current_position - progress.start_position:,} of "
-        f"{progress.target_position - progress.start_position:,} messages re-read "
-        f"({progress.fraction:.0%}, position {progress.current_position:,} of {progress.target_position:,})"
+        f"{progress.target_position - progress.start_position:,} broker entries re-read "
+        f"({progress.fraction:.0%}; {progress.messages:,} messages so far)"
     ))
 
 

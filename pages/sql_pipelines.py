@@ -34,7 +34,7 @@ def render_pipeline(info: dict) -> None:
         views.MetricCard("Dead letters", views.format_count(totals["dead_letters"]),
                          help="messages of the wrong type, bad JSON or without a key"),
         views.MetricCard("Lag", "–" if lag is None else views.format_count(lag),
-                         help="messages on the source topics not yet read, at the last batch"),
+                         help="broker entries on the source topics not yet read, at the last batch (an entry is one message or one producer batch)"),
         views.MetricCard("Batches", views.format_count(totals["batches"])),
     ])
     with st.expander("Statements"):

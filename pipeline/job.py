@@ -105,6 +105,7 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
     """Start the streaming query (returns the StreamingQuery)."""
     from pipeline.enrich import rules
     from pipeline.enrich.lookups import LOOKUPS, apply_event_lookup, apply_lookup, with_event_watermarks
+    from pipeline.source.counts import list_topic_partitions, observe_rows
     from pipeline.source.datasource import PulsarDataSource
     from pipeline.spark import shuffle_partitions
 
@@ -113,8 +114,9 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
     topics = ",".join(f"{kind}={topic}" for kind, topic in settings.topics.items())
     max_rows = settings["job.max_rows_per_batch"]
     # About two read tasks per core for a full batch: each task opens a reader mid-topic, which costs
-    # far more than reading on (measured: 10k-row pieces took twice as long as 50k ones).
-    split_rows = max(10_000, max_rows // (2 * shuffle_partitions(settings)))
+    # far more than reading on (measured: 10k-row pieces took twice as long as 50k ones). Both
+    # counts are broker entries: the source plans without reading messages.
+    split_rows = max(1, max_rows // (2 * shuffle_partitions(settings)))
     # The parse step runs in each read task (the source's ``transform``): rows leave Python once.
     source = (spark.readStream.format("pulsar").schema(rules.ENVELOPE_SPARK_SCHEMA)
               .option("service_url", service_url).option("topics", topics)
@@ -130,15 +132,20 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
         source = source.option("transformArgs", json.dumps({"idle_path": str(idle_file(settings.data_dir))}))
     rows = source.load()
     # {"kind": "orders", "op": "order", "user_id": 17, "item_id": 4, …, "user_state": None, "item_state": None}
+    # The source's offsets count broker entries; the messages of each batch are counted here.
+    partitions = list_topic_partitions(service_url, settings.topics, settings["pulsar.auth_token"])
+    count_rows = lambda frame: observe_rows(frame, partitions, partition_column="source_partition")  # noqa: E731
     if settings["enrichment.time"] == "event":  # versions as of each order's event time (README "Event time")
         from pipeline.enrich.event_clock import changelog_partitions, restored_newest
         rows = with_event_watermarks(rows, settings["enrichment.order_time"],
                                      int(settings["enrichment.out_of_orderness"] * 1000), restored_newest(checkpoint),
-                                     changelog_partitions(service_url, settings.topics, settings["pulsar.auth_token"]))
+                                     changelog_partitions(service_url, settings.topics, settings["pulsar.auth_token"]),
+                                     on_every_row=count_rows)
         for lookup in LOOKUPS:
             rows = apply_event_lookup(rows, lookup, settings.max_wait_ms,
                                       int(settings["enrichment.allowed_lateness"] * 1000))
     else:
+        rows = count_rows(rows)
         for lookup in LOOKUPS:
             rows = apply_lookup(rows, lookup, settings.max_wait_ms)
     # {… "user_first_name": "Ada", "user_state": "found", "item_name": "…", "item_state": "missing", "waited_ms": 0}

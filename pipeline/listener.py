@@ -91,9 +91,10 @@ class JobListener(ProgressListener):
                                  target_position=topic["latest_position"], **{"from": request.get("from", "earliest")})
             if not topic["replaying"] and "finished" not in state:
                 state["finished"] = row["ts_ms"]
+                messages = replayed_messages(self.store.data_dir, topic["topic"], seq)
                 self.store.event("replay_finished", f"replay #{seq} of {topic['topic']} re-applied "
-                                 f"{topic['end_position']} messages", seq=seq, topic=topic["topic"],
-                                 messages=topic["end_position"], duration_ms=row["ts_ms"] - state["started"])
+                                 f"{messages} messages", seq=seq, topic=topic["topic"],
+                                 messages=messages, duration_ms=row["ts_ms"] - state["started"])
 
     def _fetch_tasks_forever(self, ui_url: str, app_id: str) -> None:
         base = f"{ui_url}/api/v1/applications/{app_id}"
@@ -139,6 +140,13 @@ def _replay_request(data_dir: Path, seq: int) -> dict:
         return json.loads((store.replay_requests_dir(data_dir) / f"{seq:08d}.json").read_text())
     except (OSError, ValueError):
         return {}
+
+
+def replayed_messages(data_dir: Path, topic: str, seq: int) -> int:
+    """The messages a replay re-read: its generation's rows in every progress row so far (the
+    source's offsets count entries; the rows are messages counted where they were read)."""
+    return sum(entry.get("rows") or 0 for row in metrics.read_rows(data_dir, "progress")
+               for entry in row.get("topics") or [] if entry.get("topic") == topic and entry.get("generation") == seq)
 
 
 def _replay_state(data_dir: Path) -> dict[int, dict]:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pipeline import store
 from pipeline.enrich.lookups import LOOKUPS
+from pipeline.source.counts import rows_from_progress
 from pipeline.source.offsets import replay_finished
 
 # The lookups' stateful stages in plan order (the 1st and 2nd shuffle reads): user_lookup, item_lookup.
@@ -80,20 +81,30 @@ def _offset(text) -> dict:
     return json.loads(text) if isinstance(text, str) else text
 
 
-def topic_rows(start: dict, end: dict, latest: dict) -> list[dict]:
-    """Per-topic rows, positions and backlog from the source's start/end/latest offsets."""
+def topic_rows(start: dict, end: dict, latest: dict, counted: dict | None = None) -> list[dict]:
+    """Per topic: the messages the batch read, and its positions and backlog in broker entries.
+
+    ``rows`` (per topic and per partition) are the messages counted where they were read
+    (``counted``, pipeline/source/counts.py); None for a partition that read entries but was not
+    counted. ``end_position``, ``latest_position`` and ``backlog`` come from the source's offsets,
+    which count entries (an unbatched message is one; a producer's batch is one): the driver plans
+    without reading messages, so entries are what it knows. Apache Pulsar's own backlog counts
+    entries too, unless its precise backlog is turned on.
+    """
     result = []
     for topic, end_topic in end.items():
         start_topic = start.get(topic) or {}
         same_gen = start_topic.get("gen") == end_topic["gen"]
         latest_topic = latest.get(topic) or {}
+        topic_counts = (counted or {}).get(topic) or {}
         partitions, total, end_pos, latest_pos = [], 0, 0, 0
         latest_known = latest_topic.get("gen") == end_topic["gen"]
         for p, part in sorted(end_topic["parts"].items()):
             begin = start_topic.get("parts", {}).get(p, {}).get("n", 0) if same_gen else 0
-            rows = part["n"] - begin
+            entries = part["n"] - begin
+            rows = topic_counts.get(str(int(p)), 0 if entries == 0 else None)
             partitions.append({"partition": int(p), "rows": rows})
-            total += rows
+            total = None if total is None or rows is None else total + rows
             end_pos += part["n"]
             latest_n = latest_topic.get("parts", {}).get(p, {}).get("n") if latest_known else None
             latest_pos += latest_n if latest_n is not None else part["n"]
@@ -113,7 +124,7 @@ def build_progress_row(progress: dict, trigger_interval_ms: int, sink_rows: dict
     ts = int(datetime.strptime(progress["timestamp"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp() * 1000)
     source = (progress.get("sources") or [{}])[0]
     topics = topic_rows(_offset(source.get("startOffset")), _offset(source.get("endOffset")),
-                        _offset(source.get("latestOffset")))
+                        _offset(source.get("latestOffset")), rows_from_progress(progress))
     # Spark lists state operators from the top of the plan down (a pre-order walk), so the
     # last stage comes first: the item lookup, then the user lookup (operator ids 0 and 1).
     operators = list(reversed(progress.get("stateOperators") or []))

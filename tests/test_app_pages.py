@@ -290,7 +290,8 @@ def test_replay_page_progress_history_and_request(open_page, fixture_data, contr
     progress_text = app.get("progress")[0].proto.text
     users_rows = [t for row in read_metrics(fixture_data.data_dir, "progress") for t in row["topics"]
                   if t["topic"] == "users" and t["generation"] == 2]
-    assert f"{users_rows[-1]['end_position']:,} of {users_rows[-1]['latest_position']:,} messages" in progress_text
+    assert f"{users_rows[-1]['end_position']:,} of {users_rows[-1]['latest_position']:,} broker entries" in progress_text
+    assert f"{sum(t['rows'] for t in users_rows):,} messages so far" in progress_text
     history = app.dataframe[0].value
     assert history["seq"].tolist() == [2, 1] and history["messages"].iloc[1] > 0
     app.radio(key="replay_topic").set_value("items").run()

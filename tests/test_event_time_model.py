@@ -120,8 +120,8 @@ def messages_of(phase, base: int, clock_ms: int, invoices) -> dict[str, list[tup
 
 
 def consumed(data_dir, kind: str, position: int) -> bool:
-    return any(t["topic"] == kind and t["end_position"] >= position
-               for p in read_rows(data_dir, "progress") for t in p["topics"])
+    """Whether the job has read ``position`` messages of ``kind`` (the rows it counted per batch)."""
+    return sum(t["rows"] or 0 for p in read_rows(data_dir, "progress") for t in p["topics"] if t["topic"] == kind) >= position
 
 
 def late_versions(data_dir) -> int:

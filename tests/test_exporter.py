@@ -78,14 +78,14 @@ def test_scrape_matches_the_metrics_store(fixture_data):
     for sink in ("enriched", "missing_state", "dead_letter"):
         assert samples[f'{P}sink_rows_total{{sink="{sink}"}}'] == sum(row["sink_rows"][sink] for row in progress)
     for topic in newest["topics"]:
-        assert samples[f'{P}backlog_messages{{topic="{topic["topic"]}"}}'] == topic["latest_position"] - topic["end_position"]
+        assert samples[f'{P}backlog_entries{{topic="{topic["topic"]}"}}'] == topic["latest_position"] - topic["end_position"]
     events = read_metrics(fixture_data.data_dir, "events")
     assert samples[P + "restarts_total"] == sum(e["kind"] == "restart" for e in events) == 1
     assert samples[P + "dead_letters_total"] == len(read_sink(fixture_data.data_dir, "dead_letter"))
     assert sum(v for k, v in samples.items() if k.startswith(P + "job_state{")) == 1
     for name in ("batches_total", "sink_rows_total", "restarts_total", "dead_letters_total"):
         assert f"# TYPE {P}{name} counter" in text
-    assert f"# TYPE {P}state_rows gauge" in text and f"# HELP {P}backlog_messages " in text
+    assert f"# TYPE {P}state_rows gauge" in text and f"# HELP {P}backlog_entries " in text
     assert f"# TYPE {P}end_to_end_latency_seconds histogram" in text
 
 

@@ -101,7 +101,7 @@ def test_the_dashboard_shows_the_monitoring_views():
     read = {name for _, expr in load_expressions() for name in parse_expression(expr)[0]}
     for metric in ("stateful_streams_processed_rows_per_second", "stateful_streams_sink_rows_total",
                    "stateful_streams_end_to_end_latency_seconds_bucket", "stateful_streams_backpressure_ratio",
-                   "stateful_streams_backlog_messages", "stateful_streams_batch_phase_duration_ms",
+                   "stateful_streams_backlog_entries", "stateful_streams_batch_phase_duration_ms",
                    "stateful_streams_state_rows", "stateful_streams_state_size_bytes"):
         assert metric in read, metric
     ids = [panel["id"] for panel in dashboard["panels"]]

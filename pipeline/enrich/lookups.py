@@ -117,7 +117,7 @@ def topic_of_clock(name: str) -> str:
 
 
 def with_event_watermarks(frame, order_time: str, out_of_orderness_ms: int, restored: dict[str, int] | None = None,
-                          partitions: dict[str, list[int]] | None = None):
+                          partitions: dict[str, list[int]] | None = None, on_every_row=None):
     """Envelope rows with their event time (``event_ms``) and Spark's event-time watermark set to
     the least of the changelog partitions' watermarks (called on the driver while the query is built).
 
@@ -133,6 +133,8 @@ def with_event_watermarks(frame, order_time: str, out_of_orderness_ms: int, rest
     instead, so it stops holding the watermark back. Each branch observes its partition's newest
     event time per batch (``event_time_<clock name>``). Partitions are listed when the query is
     built: rows of a partition added later count for no watermark until the job restarts.
+    ``on_every_row`` (a function of a frame) is applied once, to the first branch before its cut,
+    where it sees every row of the batch once (the job counts the source's rows there).
 
     # out: {… "event_ms": 1700000000123} (and Spark's watermark, the least of the partitions')
     """
@@ -163,6 +165,8 @@ def with_event_watermarks(frame, order_time: str, out_of_orderness_ms: int, rest
         if index == 0:  # the orders' newest time too, for the console (the first branch carries the orders)
             side = side.observe(f"{OBSERVED_PREFIX}orders", F.max(F.when(kind == "orders", F.col("event_ms")))
                                 .alias("newest_ms"))
+            if on_every_row is not None:
+                side = on_every_row(side)
         keep = everything_else if index == 0 else own
         stamp = F.col(WATERMARK_COLUMN)
         # The cut must stay above the watermark: Spark pushes a filter below a watermark unless it

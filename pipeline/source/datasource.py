@@ -8,7 +8,8 @@ Schema (one row per message)::
     topic string         full Pulsar topic name
     partition int        partition index, -1 for a non-partitioned topic
     message_id string    ledger:entry:partition:batch
-    position long        1-based position of the message in its partition and generation
+    position long        grows in read order within a partition and generation: the entry's
+                         position << 20 | (batch index + 1)
     generation long      replay generation of its topic (0 until the first replay)
     key string           message key (None if the producer gave none)
     value binary         raw payload
@@ -20,23 +21,28 @@ Options:
 
 - ``service_url`` (required): ``pulsar://host:6650``.
 - ``topics`` (required): ``users=persistent://public/default/users,orders=…``.
-- ``maxRowsPerBatch``: most rows in one micro-batch, shared fairly among partitions.
+- ``maxRowsPerBatch``: most broker *entries* in one micro-batch, shared fairly among
+  partitions. An unbatched message is one entry; a batching producer puts up to its batch
+  (pulsar-client's defaults: 1,000 messages or 128 KB) in one, so a batch can hold that many
+  times more messages than the bound: the driver plans from entry ids alone and cannot count
+  the messages inside an entry without reading it.
 - ``startingOffsets``: ``earliest`` (default), or JSON like ``{"orders": "latest"}``.
 - ``authToken``: a JWT for a Pulsar with token authentication (``pulsar.auth_token``); Spark
   redacts it from plans and its UI, as it does any option whose name says "token".
 - ``controlDir``: folder of replay requests (``<seq>.json`` with ``topic`` and ``from``).
-- ``lookAheadRows``: how many message ids the driver keeps ahead per partition (default 4×max).
-- ``splitRows``: a partition's rows in one batch are read as Spark partitions of about this
-  many rows (default 10,000), so one busy topic partition still keeps every core parsing.
+- ``splitRows``: a partition's entries in one batch are read as Spark partitions of about this
+  many entries (default 10,000), so one busy topic partition still keeps every core parsing.
 - ``transform``: ``module:function`` run in each read task on its Arrow record batches (an
   iterator in, an iterator out), with ``transformArgs`` (a JSON object) as keyword arguments;
   declare what it yields with ``.schema(…)``. A parse step given here runs in the task that
   read the messages, so rows go from Python to Spark once instead of out, back and out again
   (``mapInArrow`` after the source): measured 15-20% more rows/s with the job's parse step.
 
-Guarantees: offsets are per-partition message ids with positions, so any micro-batch is
-re-read exactly (no gap, no repeat) after a crash; a replay switches a topic to a new
-generation inside the offset itself, so it is deterministic across crashes too.
+Guarantees: offsets are per-partition message ids (ends on whole entries) with entry
+positions, so any micro-batch is re-read exactly (no gap, no repeat) after a crash; a replay
+switches a topic to a new generation inside the offset itself, so it is deterministic across
+crashes too. Planning a batch reads no message: per partition, the driver asks the broker for
+its newest entry (one ``get_last_message_id``) and plans whole entries up to it.
 
 Example::
 
@@ -61,12 +67,10 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pipeline.errors import SourceError
 from pipeline.source import offsets as off
 from pipeline.source import reader as rd
-from pipeline.source.cursor import PartitionCursor
 
 log = logging.getLogger(__name__)
 PARTITION_REFRESH_S = 10.0
-LOOK_AHEAD_WAIT_S = 1.0  # most a batch waits for ids the look-ahead has not read yet
-SPLIT_ROWS = 10_000  # a partition's rows in one batch are read (and parsed) in pieces of about this
+SPLIT_ROWS = 10_000  # a partition's entries in one batch are read (and parsed) in pieces of about this
 
 
 def parse_topics_option(text: str | None) -> dict[str, str]:
@@ -123,7 +127,7 @@ class PulsarPartition(InputPartition):
 
 
 class PulsarStreamReader(DataSourceStreamReader):
-    """Plans batches on the driver (look-ahead cursors) and reads them on executors (read_range)."""
+    """Plans batches on the driver (newest entry ids) and reads them on executors (read_range)."""
 
     def __init__(self, options: dict, schema=None):
         self.service_url = options.get("service_url") or ""
@@ -137,7 +141,6 @@ class PulsarStreamReader(DataSourceStreamReader):
             raise SourceError(f"option 'maxRowsPerBatch' = {raw_max!r} is not a whole number") from None
         if self.max_rows is not None and self.max_rows < 1:
             raise SourceError(f"option 'maxRowsPerBatch' = {raw_max!r} must be >= 1")
-        self.look_ahead = int(options.get("lookAheadRows") or 4 * (self.max_rows or 50_000))
         self.split_rows = int(options.get("splitRows") or SPLIT_ROWS)
         self.starting = parse_starting_offsets(options.get("startingOffsets"), list(self.topics))
         self.control_dir = Path(options["controlDir"]) if options.get("controlDir") else None
@@ -149,15 +152,10 @@ class PulsarStreamReader(DataSourceStreamReader):
         if not self.transform and schema is not None and schema.fieldNames() != rd.SPARK_SCHEMA_NAMES:
             raise SourceError(f"a schema was given ({schema.simpleString()}) but no 'transform' option; "
                               "the source's own rows have the schema in pipeline/source/datasource.py")
-        self._cursors: dict[tuple[str, str], tuple[int, PartitionCursor]] = {}
+        # (kind, partition) -> (generation, entry position, id) of the newest entry seen when planning
+        self._latest: dict[tuple[str, str], tuple[int, int, str]] = {}
         self._partitions: dict[str, list[str]] = {}
         self._partitions_at = 0.0
-
-    # The reader is pickled to the executors for read(); cursors hold live C++ readers.
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["_cursors"] = {}
-        return state
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -175,8 +173,8 @@ class PulsarStreamReader(DataSourceStreamReader):
         bases = {}
         for kind, how in self.starting.items():
             if how == "latest":
-                # One base for a non-partitioned topic; partitioned topics resolve per partition below.
-                ids = {p: rd.last_message_id(self.service_url, self.topics[kind], p) or off.EARLIEST for p in parts[kind]}
+                # after the newest entry of each partition (a base covers its whole entry)
+                ids = {p: rd.last_entry_id(self.service_url, self.topics[kind], p) or off.EARLIEST for p in parts[kind]}
                 bases[kind] = ids
         offset = off.initial_offset(parts)
         for kind, ids in bases.items():
@@ -190,50 +188,40 @@ class PulsarStreamReader(DataSourceStreamReader):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         offset = off.with_partitions(start, self._topic_partitions())
         offset = self._apply_replay_requests(offset)
-        available: dict[tuple[str, str], int] = {}
+        available: dict[str, int] = {}
+        firsts: dict[str, tuple[int, int]] = {}
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         for kind, topic_offset in offset.items():
-            new_gen = start.get(kind, {}).get("gen") != topic_offset["gen"]
+            if start.get(kind, {}).get("gen") != topic_offset["gen"]:
+                log.info("replay of %s generation %s starts at %s", kind, topic_offset["gen"], topic_offset["base"])
             for p, part in topic_offset["parts"].items():
-                cursor = self._cursor(kind, topic_offset["gen"], p, part["id"], part["n"])
-                # The cursor reads ahead in the background; knowing max_rows ahead (or reaching
-                # the end) is enough to plan the batch.
-                cursor.wait_for(part["n"] + max_rows if max_rows else None, LOOK_AHEAD_WAIT_S)
-                available[(kind, p)] = cursor.known_n - part["n"]
-                if new_gen:
-                    log.info("replay of %s generation %s starts at %s", kind, topic_offset["gen"], part["id"])
-        grants = off.allocate({f"{k}\x00{p}": n for (k, p), n in available.items()}, max_rows)
+                last = rd.last_entry_id(self.service_url, self.topics[kind], p)
+                try:
+                    ledger, first, count = off.plan_entries(part["id"], last)
+                except ValueError as exc:
+                    raise SourceError(f"{self.topics[kind]!r} partition {p}: {exc}") from None
+                key = f"{kind}\x00{p}"
+                available[key], firsts[key] = count, (ledger, first)
+                self._latest[(kind, p)] = (topic_offset["gen"], part["n"] + count, last or part["id"])
         end = json.loads(json.dumps(offset))
-        for key, grant in grants.items():
-            kind, p = key.split("\x00")
+        for key, grant in off.allocate(available, max_rows).items():
             if grant:
+                kind, p = key.split("\x00")
+                ledger, first = firsts[key]
                 part = end[kind]["parts"][p]
-                _, cursor = self._cursors[(kind, p)]
                 part["n"] += grant
-                part["id"] = cursor.id_at(part["n"])
+                part["id"] = off.entry_end(ledger, first + grant - 1, p)
         return end
 
     def reportLatestOffset(self) -> dict | None:
-        """The newest positions seen by the look-ahead (a lower bound when far behind)."""
-        if not self._cursors:
+        """The newest entry of each partition seen when the last batch was planned."""
+        if not self._latest:
             return None
         latest: dict = {}
-        for (kind, p), (gen, cursor) in self._cursors.items():
+        for (kind, p), (gen, n, last) in self._latest.items():
             topic = latest.setdefault(kind, {"gen": gen, "parts": {}})
-            topic["parts"][p] = {"n": cursor.known_n, "id": cursor.id_at(cursor.known_n)}
+            topic["parts"][p] = {"n": n, "id": last}
         return latest
-
-    def _cursor(self, kind: str, gen: int, p: str, start_id: str, start_n: int) -> PartitionCursor:
-        held = self._cursors.get((kind, p))
-        if held is not None:
-            held_gen, cursor = held
-            if held_gen == gen and cursor.matches(start_id, start_n):
-                cursor.advance_to(start_n)
-                return cursor
-            cursor.close()
-        cursor = PartitionCursor(self.service_url, self.topics[kind], p, start_id, start_n, self.look_ahead).start()
-        self._cursors[(kind, p)] = (gen, cursor)
-        return cursor
 
     def _apply_replay_requests(self, offset: dict) -> dict:
         """Switch a changelog topic to a new generation when a newer replay request exists."""
@@ -256,33 +244,21 @@ class PulsarStreamReader(DataSourceStreamReader):
             replayed = off.empty_topic_offset(parts, gen=seq)
             replayed["base"] = bases
             replayed["parts"] = {p: {"n": 0, "id": bases[p]} for p in parts}
-            replayed["target"] = {p: t for p in parts if (t := rd.last_message_id(self.service_url, topic, p))}
+            replayed["target"] = {p: t for p in parts if (t := rd.last_entry_id(self.service_url, topic, p))}
             offset[kind] = replayed
         return offset
 
     def partitions(self, start: dict, end: dict):
         pieces = []
         for rng in off.ranges_between(start or {}, end):
-            pieces.extend(off.split_range(rng, self._known_id(rng), self.split_rows))
+            pieces.extend(off.split_range(rng, off.entry_id_at(rng), self.split_rows))
         return [PulsarPartition(r.topic, self.topics[r.topic], r) for r in pieces]
-
-    def _known_id(self, rng: off.Range):
-        """id_at for a range's partition from its look-ahead cursor (None where it does not know)."""
-        held = self._cursors.get((rng.topic, rng.partition))
-
-        def id_at(n: int) -> str | None:
-            if held is None or held[0] != rng.gen or not held[1].base_n <= n <= held[1].known_n:
-                return None
-            return held[1].id_at(n)
-        return id_at
 
     def commit(self, end: dict) -> None:
         """Nothing to acknowledge: readers are non-durable, and retention keeps the changelogs."""
 
     def stop(self) -> None:
-        for _, cursor in self._cursors.values():
-            cursor.close()
-        self._cursors.clear()
+        """Nothing to close: planning keeps no reader open."""
 
     # ------------------------------------------------------------------ executor side
     def read(self, partition: PulsarPartition):

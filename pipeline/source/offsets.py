@@ -1,9 +1,19 @@
 """Offsets of the Pulsar source: small JSON dicts of per-partition message positions.
 
 An offset names, for each logical topic, its replay generation and, for each partition, the
-last message consumed: its id and its position ``n`` (how many messages of this generation
-came before it, inclusive). Spark stores offsets in its write-ahead log, so a batch between
-two offsets is re-read exactly after a crash.
+last message consumed: its id and its position ``n``. Spark stores offsets in its write-ahead
+log, so a batch between two offsets is re-read exactly after a crash.
+
+Batches end on whole broker *entries*: the driver plans a batch from the id of each partition's
+newest entry alone (one ``get_last_message_id``) and never reads a message. So ``n`` counts
+entries of this generation, not messages: a batching producer puts many messages in one entry
+(pulsar-client's defaults: up to 1,000 messages or 128 KB), an unbatched one puts one. The
+messages a batch read are counted where they are read (the job's observed metrics), not here.
+
+An id ``ledger:entry:partition:-1`` as an end means "through the whole of that entry"; an id
+with a batch index (a replay's time base, a ``latest`` start) means "through that very
+message". Either way the messages of a batch are those with ids in (start, end], in the order of
+the partition (:func:`through` compares them), and entries never change, so a re-read is exact.
 
 ```
 {"users":  {"gen": 0, "base": {"-1": "earliest"}, "target": {},
@@ -46,6 +56,56 @@ class Position:
     def __str__(self) -> str:
         return f"{self.ledger}:{self.entry}:{self.partition}:{self.batch}"
 
+    @property
+    def through(self) -> tuple[int, int, int]:
+        """The id as the last message it covers: batch -1 covers its whole entry."""
+        return (self.ledger, self.entry, self.batch if self.batch >= 0 else WHOLE_ENTRY)
+
+
+WHOLE_ENTRY = 1 << 62  # sorts after every batch index
+BEFORE_ALL = (-1, -1, WHOLE_ENTRY)  # where "earliest" is
+
+
+def through(text: str) -> tuple[int, int, int]:
+    """:attr:`Position.through` of an id text, or the place before every message for EARLIEST.
+
+    A message ``(ledger, entry, batch)`` is in (start, end] iff ``through(start) <
+    (ledger, entry, batch or WHOLE_ENTRY) <= through(end)``.
+    """
+    return BEFORE_ALL if text == EARLIEST else Position.parse(text).through
+
+
+def plan_entries(start_id: str, last_id: str | None) -> tuple[int, int, int]:
+    """What a partition holds after ``start_id`` when its newest entry is ``last_id``:
+    ``(ledger, first_entry, available)``; the k-th entry available (1-based) is
+    ``ledger:first_entry + k - 1``.
+
+    Exact within one ledger (pulsar-lite keeps one per topic). When the newest entry is in a
+    later ledger than the start (Apache Pulsar rolls ledgers), the rest of the earlier ledgers
+    cannot be counted without reading them: they ride along, uncounted, with the first entry
+    planned (a read is bounded by ids, so it still reads them exactly once).
+    """
+    if last_id is None:
+        return (0, 0, 0)
+    last = Position.parse(last_id)
+    if start_id == EARLIEST:
+        first = 0
+    else:
+        start = Position.parse(start_id)
+        if (start.ledger, start.entry) > (last.ledger, last.entry):
+            raise ValueError(f"position {start_id!r} is past the newest entry {last_id!r}; "
+                             "was the topic truncated or recreated?")
+        if start.ledger < last.ledger:
+            first = 0
+        else:  # a start inside an entry (a batch index) leaves the rest of that entry to read
+            first = start.entry if start.batch >= 0 else start.entry + 1
+    return (last.ledger, first, max(0, last.entry - first + 1))
+
+
+def entry_end(ledger: int, entry: int, partition: str) -> str:
+    """The end id that covers a whole entry."""
+    return f"{ledger}:{entry}:{int(partition)}:-1"
+
 
 def empty_topic_offset(partitions: list[str], base: str = EARLIEST, gen: int = 0) -> dict:
     """The offset of a topic nobody has read yet (or that a replay restarts)."""
@@ -73,7 +133,8 @@ def with_partitions(offset: dict, topic_partitions: dict[str, list[str]]) -> dic
 
 @dataclass(frozen=True)
 class Range:
-    """The messages of one partition in one batch: after ``start_id`` up to position ``end_n``."""
+    """The messages of one partition in one batch: after ``start_id`` through ``end_id``
+    (entries ``start_n`` to ``end_n`` of the generation; ``count`` entries)."""
 
     topic: str
     partition: str
@@ -104,10 +165,32 @@ def ranges_between(start: dict, end: dict) -> list[Range]:
     return ranges
 
 
-def split_range(rng: Range, id_at, chunk_rows: int) -> list[Range]:
-    """Cut a range into consecutive pieces of about ``chunk_rows`` so executors parse them in parallel.
+def entry_id_at(rng: Range):
+    """``id_at(n)`` for :func:`split_range` from entry arithmetic: the end of the entry at
+    position n of a range that ends on a whole entry (None where that is not known).
 
-    ``id_at(n)`` gives the message id at position n, or None when it is not known (then the
+    Only a range that starts after a known id in the ledger of its end is cut: entries of
+    earlier ledgers ride uncounted with the first entry planned (:func:`plan_entries`; from
+    earliest there may be any number of them), and a read numbers every entry it meets, so a
+    cut there could give two pieces the same positions and misorder a key's changes.
+    """
+    end = None if rng.end_id == EARLIEST else Position.parse(rng.end_id)
+    whole = (end is not None and end.batch < 0 and rng.start_id != EARLIEST
+             and Position.parse(rng.start_id).ledger == end.ledger)
+
+    def id_at(n: int) -> str | None:
+        if not whole:  # an end inside an entry, or a range over ledgers: keep the range whole
+            return None
+        entry = end.entry - (rng.end_n - n)
+        return entry_end(end.ledger, entry, rng.partition) if entry >= 0 else None
+    return id_at
+
+
+def split_range(rng: Range, id_at, chunk_rows: int) -> list[Range]:
+    """Cut a range into consecutive pieces of about ``chunk_rows`` positions (entries) so
+    executors read and parse them in parallel.
+
+    ``id_at(n)`` gives the id that ends position n, or None when it is not known (then the
     range stays whole). Each piece re-reads exactly its messages, so the union is the range.
     """
     if chunk_rows < 1 or rng.count <= chunk_rows:
@@ -123,7 +206,7 @@ def split_range(rng: Range, id_at, chunk_rows: int) -> list[Range]:
 
 
 def allocate(available: dict[str, int], limit: int | None) -> dict[str, int]:
-    """Share a row limit fairly among partitions with data (water-filling).
+    """Share a limit of entries fairly among partitions with data (water-filling).
 
     Every partition gets an equal share; what a small partition does not need goes to the
     others. Orders keep flowing during a large changelog replay because of this.
@@ -151,6 +234,6 @@ def replay_finished(topic_offset: dict) -> bool:
     target = topic_offset.get("target") or {}
     for p, target_id in target.items():
         current = topic_offset["parts"].get(p, {}).get("id", EARLIEST)
-        if current == EARLIEST or Position.parse(current) < Position.parse(target_id):
+        if through(current) < through(target_id):
             return False
     return True

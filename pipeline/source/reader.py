@@ -2,9 +2,10 @@
 
 - :func:`read_range` (executor): re-reads exactly the messages of one :class:`Range` and yields
   Arrow record batches. Called once per input partition per micro-batch, also after a crash.
-- Clients, readers, partitions and message ids shared with the driver's look-ahead
-  (pipeline/source/cursor.py), and the look-ups a replay needs (:func:`find_position_before`,
-  :func:`last_message_id`).
+- What the driver asks of the broker without reading a message: a topic's partitions
+  (:func:`list_partitions`) and a partition's newest entry (:func:`last_entry_id`), all it
+  needs to plan a batch; and, once per replay request with a time, :func:`find_position_before`
+  (the one place the driver reads messages, because pulsar-lite's seek is broken).
 
 Only the standard Pulsar protocol is used (readers from message ids; no seek, no
 subscriptions), so the same code runs on pulsar-lite and Apache Pulsar.
@@ -19,10 +20,14 @@ from typing import Iterator
 
 from pipeline.config import pulsar_authentication
 from pipeline.errors import SourceError
-from pipeline.source.offsets import EARLIEST, Position, Range
+from pipeline.source.offsets import EARLIEST, WHOLE_ENTRY, Position, Range, through
 
 log = logging.getLogger(__name__)
 ARROW_BATCH_ROWS = 8192
+# A message's ``position``: its entry's position in the partition and generation, shifted, plus
+# its batch index + 1, so positions grow in read order (a batch index stays below 2**20).
+POSITION_SHIFT = 20
+LAST_INDEX = (1 << 31) - 1  # a batch index after every real one (the C++ client's is an int32)
 # Messages a range reader's client asks the broker for at a time (it asks again after taking
 # half). See _RangeStream for why it is not larger.
 RANGE_RECEIVER_QUEUE = 5000
@@ -127,26 +132,59 @@ def list_partitions(service_url: str, topic: str) -> list[str]:
 
 
 def read_range(service_url: str, topic: str, kind: str, rng: Range, read_timeout_s: float = 60.0) -> Iterator:
-    """Yield Arrow batches with exactly the ``rng.count`` messages after ``rng.start_id``.
+    """Yield Arrow batches with exactly the messages after ``rng.start_id`` through ``rng.end_id``.
+
+    An end with batch index -1 covers its whole entry (module docstring of offsets.py); the
+    read stops after the entry's last message, known from its batch size, so it never waits
+    for a message after the range.
 
     # {"kind": "orders", "topic": "persistent://…/orders", "partition": -1, "message_id": "0:5:-1:2",
-    #  "position": 42, "generation": 0, "key": "1001", "value": b'{…}', "publish_time": ts, "properties": None}
+    #  "position": 42 << 20 | 3, "generation": 0, "key": "1001", "value": b'{…}', …}
     """
-    stream = _RangeStream(service_url, partition_topic(topic, rng.partition), topic, rng.start_id, read_timeout_s)
-    position = rng.start_n
-    last_id = None
+    stream = _RangeStream(service_url, partition_topic(topic, rng.partition), topic, rng.start_id, rng.end_id,
+                          rng.start_n, read_timeout_s)
     try:
-        while position < rng.end_n:
-            block = stream.read(min(ARROW_BATCH_ROWS, rng.end_n - position))
-            batch = block.to_arrow(kind, topic, int(rng.partition), position, rng.gen)
-            last_id = batch.column("message_id")[-1].as_py()
-            position += batch.num_rows
-            yield batch
-        if last_id is not None and last_id != rng.end_id and rng.end_id != EARLIEST:
-            raise SourceError(f"{topic!r} partition {rng.partition}: expected to end at {rng.end_id}, read {last_id}; "
-                              "the topic changed under the source (was it truncated or recreated?)")
+        while not stream.done:
+            block = stream.read(ARROW_BATCH_ROWS)
+            if block.batches:
+                yield block.to_arrow(kind, topic, int(rng.partition), rng.gen)
     finally:
         stream.close()
+
+
+def message_batch_size(message_id) -> int | None:
+    """How many messages the entry of a batched message id holds (None if the id does not say).
+
+    pulsar-client's Python API does not expose it, but its serialised id (the protocol's
+    ``MessageIdData``) carries it as field 6, ``batch_size``.
+    """
+    data, i = message_id.serialize(), 0
+    try:
+        while i < len(data):
+            tag, i = _varint(data, i)
+            if tag & 7 == 0:
+                value, i = _varint(data, i)
+                if tag >> 3 == 6:
+                    return value or None
+            elif tag & 7 == 2:
+                length, i = _varint(data, i)
+                i += length
+            else:
+                return None
+    except IndexError:
+        return None
+    return None
+
+
+def _varint(data: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[i]
+        value |= (byte & 0x7F) << shift
+        i += 1
+        if not byte & 0x80:
+            return value, i
+        shift += 7
 
 
 class _Block:
@@ -158,10 +196,10 @@ class _Block:
 
     def __init__(self):
         self.ledgers, self.entries, self.batches = [], [], []  # each message's id: ledger:entry:partition:batch
+        self.entry_ns = []  # each message's entry position in the generation (see POSITION_SHIFT)
         self.keys, self.values, self.published, self.event_times, self.properties = [], [], [], [], []
 
-    def to_arrow(self, kind: str, topic: str, partition: int, start_n: int, gen: int):
-        import numpy as np
+    def to_arrow(self, kind: str, topic: str, partition: int, gen: int):
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -172,7 +210,8 @@ class _Block:
         published = pc.multiply(pa.array(self.published, pa.int64()), 1000).cast(pa.timestamp("us", tz="UTC"))
         event_times = pa.array(self.event_times, pa.int64())
         columns = [pa.repeat(kind, n), pa.repeat(topic, n), pa.repeat(pa.scalar(partition, pa.int32()), n),
-                   message_ids, pa.array(np.arange(start_n + 1, start_n + n + 1, dtype=np.int64)),
+                   message_ids, pc.add(pc.shift_left(pa.array(self.entry_ns, pa.int64()), POSITION_SHIFT),
+                                       pc.add(pa.array(self.batches, pa.int64()), 1)),
                    pa.repeat(pa.scalar(gen, pa.int64()), n), pa.array(self.keys, pa.string()),
                    pa.array(self.values, pa.binary()), published, pa.array(self.properties, pa.string()),
                    pc.if_else(pc.equal(event_times, 0), None, event_times)]  # 0: the producer set none
@@ -208,8 +247,8 @@ def read_key_and_properties(message) -> tuple[str | None, str | None]:
 
 
 class _RangeStream:
-    """The messages after a start id, each once, from a reader on its own connection that is
-    reopened if it stalls.
+    """The messages after a start id through an end id, each once, from a reader on its own
+    connection that is reopened if it stalls.
 
     pulsar-lite 0.2.0 sometimes stops feeding a reader (or sends entries again) when other
     readers have used its connection, which a reused Python worker's shared client always
@@ -220,37 +259,62 @@ class _RangeStream:
 
     STALL_S = 1.5
 
-    def __init__(self, service_url: str, name: str, topic: str, start_id: str, timeout_s: float):
+    def __init__(self, service_url: str, name: str, topic: str, start_id: str, end_id: str, start_n: int,
+                 timeout_s: float):
         self.service_url, self.name, self.topic = service_url, name, topic
-        self.start_id = start_id
-        self.last = self._start = client_message_id(start_id)
+        self.start_id, self.end_id = start_id, end_id
+        self.end = through(end_id)
+        # Messages up to here were read: a start that covers a whole entry skips every message of
+        # it (a batch index above any real one), as the reader's own start does.
+        self.last = self._start = self._after(start_id)
+        self.entry_n = start_n  # the position of the entry being read
+        # Where the last read stopped: its entry, the batch index of its last message, and in the
+        # end entry, the batch index of the range's last message.
+        self.ledger = self.entry = None
+        self.previous_batch = 1 << 62  # the first message read starts an entry
+        self.in_end_entry, self.last_index = False, self.end[2]
+        self.done = start_id != EARLIEST and through(start_id) >= self.end
         self.deadline = time.monotonic() + timeout_s
         self.client, self.reader = open_on_own_connection(service_url, name, start_id, RANGE_RECEIVER_QUEUE)
 
+    @staticmethod
+    def _after(start_id: str):
+        import _pulsar
+
+        if start_id == EARLIEST:
+            return _pulsar.MessageId.earliest
+        pos = Position.parse(start_id)
+        return _pulsar.MessageId(pos.partition, pos.ledger, pos.entry, pos.batch if pos.batch >= 0 else LAST_INDEX)
+
     def read(self, count: int) -> _Block:
-        """The next ``count`` messages not seen yet (it raises if the deadline passes first)."""
+        """Up to ``count`` messages not seen yet, fewer once the end is reached (``done``); it
+        raises if the deadline passes first."""
         import pulsar
 
         block = _Block()
-        ledgers, entries, batches, keys, values, published, event_times, properties = (
-            block.ledgers, block.entries, block.batches, block.keys, block.values, block.published,
+        ledgers, entries, batches, entry_ns, keys, values, published, event_times, properties = (
+            block.ledgers, block.entries, block.batches, block.entry_ns, block.keys, block.values, block.published,
             block.event_times, block.properties)
         # This loop is the source's whole cost (each call into pulsar-client costs about half a
         # microsecond), so it calls the C++ reader under pulsar-client's Python wrapper directly
         # and keeps every lookup local.
         read_next = self.reader._reader.read_next
-        last, got = self.last, 0
-        ledger = entry = None
-        previous_batch = 1 << 62  # the first message read starts an entry
+        last, got, entry_n = self.last, 0, self.entry_n
+        end_ledger, end_entry, end_batch = self.end
+        ledger, entry, previous_batch = self.ledger, self.entry, self.previous_batch
+        in_end_entry, last_index = self.in_end_entry, self.last_index
         quiet_since = time.monotonic()
         while got < count:
             try:
                 message = read_next(250)
             except pulsar.Timeout:
+                if in_end_entry and last_index == LAST_INDEX and not self.reader.has_message_available():
+                    self.done = True  # the end entry's size was not known, and nothing comes after it
+                    break
                 now = time.monotonic()
                 if now > self.deadline:
-                    raise SourceError(f"timed out re-reading committed messages of {self.topic!r}; "
-                                      "is the broker up?") from None
+                    raise SourceError(f"timed out re-reading committed messages of {self.topic!r} "
+                                      f"through {self.end_id}; is the broker up?") from None
                 if now - quiet_since > self.STALL_S:
                     after = self.start_id if last is self._start else id_text(last)
                     log.warning("reader on %r stalled after %s; reopening on a new connection", self.name, after)
@@ -263,6 +327,22 @@ class _RangeStream:
             found = message.message_id()
             if not last < found:  # sent again: seen already
                 continue
+            # A message's batch index says when a new entry starts (0 or -1, or lower than the last
+            # one's); only then are the ledger and entry asked for, once an entry.
+            batch = found.batch_index()
+            if batch <= 0 or batch <= previous_batch:
+                at = found.ledger_id(), found.entry_id()
+                if at > (end_ledger, end_entry):  # past the range (its end was read)
+                    self.done = True
+                    break
+                if at != (ledger, entry):
+                    entry_n += 1
+                ledger, entry = at
+                in_end_entry = (ledger, entry) == (end_ledger, end_entry)
+                if in_end_entry and end_batch == WHOLE_ENTRY:
+                    # a producer's id may not say its entry's size: then read until the broker has no more
+                    last_index = ((message_batch_size(found) or LAST_INDEX + 1) - 1) if batch >= 0 else -1
+            previous_batch = batch
             last = found
             try:
                 key, props = message.partition_key() or None, message.properties()
@@ -270,22 +350,22 @@ class _RangeStream:
                 key, props_json = read_key_and_properties(message)
             else:
                 props_json = json.dumps(props, sort_keys=True) if props else None
-            # A message's batch index says when a new entry starts (it falls back, or is -1 for an
-            # unbatched message); only then are the ledger and entry asked for, once an entry.
-            batch = found.batch_index()
-            if batch <= previous_batch or batch < 0:
-                ledger, entry = found.ledger_id(), found.entry_id()
-            previous_batch = batch
             ledgers.append(ledger)
             entries.append(entry)
             batches.append(batch)
+            entry_ns.append(entry_n)
             keys.append(key)
             properties.append(props_json)
             values.append(message.data())
             published.append(message.publish_timestamp())
             event_times.append(message.event_timestamp())
             got += 1
-        self.last = last
+            if in_end_entry and batch >= last_index:  # the range's last message
+                self.done = True
+                break
+        self.last, self.entry_n = last, entry_n
+        self.ledger, self.entry, self.previous_batch = ledger, entry, previous_batch
+        self.in_end_entry, self.last_index = in_end_entry, last_index
         if got and (ledgers[-1], entries[-1]) != (last.ledger_id(), last.entry_id()):  # the rule above broken
             raise SourceError(f"{self.topic!r}: message ids out of entry order before {id_text(last)}")
         return block
@@ -334,22 +414,21 @@ def find_position_before(service_url: str, topic: str, partition: str, time_ms: 
         reader.close()
 
 
-def last_message_id(service_url: str, topic: str, partition: str) -> str | None:
-    """The id of the newest message (None for an empty topic).
+def last_entry_id(service_url: str, topic: str, partition: str) -> str | None:
+    """``ledger:entry:partition:-1``, the newest entry of a partition (None when it is empty).
 
-    The broker answers with the last *entry*; when that entry is a batch, its messages are read
-    to find the last one, so a reader started after the answer skips the whole batch.
-    The Python client has no non-durable subscriptions, so the probe unsubscribes at once,
-    leaving no cursor behind that would hold messages on Apache Pulsar.
+    One ``get_last_message_id`` on a consumer with no receiver queue, so no message reaches
+    the driver; the consumer is unsubscribed at once (the Python client has no non-durable
+    subscriptions), leaving no cursor behind that would hold messages on Apache Pulsar. The
+    batch index is dropped on purpose: an end with -1 covers the whole entry, whatever number of
+    messages a producer batched into it.
     """
-    import pulsar
-
     client = pulsar_client(service_url)
     name = partition_topic(topic, partition)
     try:
-        consumer = client.subscribe(name, f"ss-probe-{time.time_ns()}")
+        consumer = client.subscribe(name, f"ss-probe-{time.time_ns()}", receiver_queue_size=0)
     except Exception as exc:
-        raise SourceError(f"cannot probe the last message of {topic!r}: {exc}") from exc
+        raise SourceError(f"cannot ask {service_url!r} for the newest entry of {topic!r}: {exc}") from exc
     try:
         mid = consumer.get_last_message_id()
     except Exception:  # pulsar-lite raises on an empty topic
@@ -359,19 +438,6 @@ def last_message_id(service_url: str, topic: str, partition: str) -> str | None:
             consumer.unsubscribe()
         except Exception:  # the broker may refuse; closing is enough then
             consumer.close()
-    if mid.entry_id() < 0:
+    if mid.entry_id() < 0 or mid.ledger_id() < 0:
         return None
-    last = id_text(mid)
-    reader = client.create_reader(name, pulsar.MessageId(mid.partition(), mid.ledger_id(), mid.entry_id(), -1),
-                                  start_message_id_inclusive=True)
-    try:
-        while True:
-            try:
-                found = reader.read_next(500).message_id()
-            except pulsar.Timeout:
-                return last
-            if (found.ledger_id(), found.entry_id()) != (mid.ledger_id(), mid.entry_id()):
-                return last
-            last = id_text(found)
-    finally:
-        reader.close()
+    return f"{mid.ledger_id()}:{mid.entry_id()}:{int(partition)}:-1"

@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from pipeline.metrics import _finite, _offset, topic_rows
+from pipeline.source.counts import rows_from_progress
 
 
 def build_sql_progress_row(progress: dict, sink_rows: dict | None) -> dict:
@@ -22,7 +23,7 @@ def build_sql_progress_row(progress: dict, sink_rows: dict | None) -> dict:
              .replace(tzinfo=timezone.utc).timestamp() * 1000)
     source = (progress.get("sources") or [{}])[0]
     topics = topic_rows(_offset(source.get("startOffset")), _offset(source.get("endOffset")),
-                        _offset(source.get("latestOffset")))
+                        _offset(source.get("latestOffset")), rows_from_progress(progress))
     backlogs = [topic["backlog"] for topic in topics if topic["backlog"] is not None]
     operators = progress.get("stateOperators") or []
     counts = sink_rows or {}

@@ -117,12 +117,16 @@ def apply_operators(rows, plan: Plan):
 
 
 def build_query(spark, settings: Settings, plan: Plan, name: str, service_url: str, writer: SqlSinkWriter, producer):
+    from pipeline.source.counts import list_topic_partitions, observe_rows
     from pipeline.source.datasource import PulsarDataSource
 
     spark.dataSource.register(PulsarDataSource)
     topics = ",".join(f"{table.name}={table.topic}" for table in plan.sides)
     source = (spark.readStream.format("pulsar").option("service_url", service_url).option("topics", topics)
               .option("maxRowsPerBatch", settings["job.max_rows_per_batch"]).option("startingOffsets", "earliest").load())
+    # the source's offsets count broker entries; each batch's messages are counted here
+    source = observe_rows(source, list_topic_partitions(service_url, {t.name: t.topic for t in plan.sides},
+                                                        settings["pulsar.auth_token"]))
     # {"kind": "users", "topic": …, "partition": -1, "message_id": "…", "position": 3, "key": "100-1", "value": b"…"}
     rows = source.mapInArrow(make_parser(plan), envelope_ddl(plan))
     out = apply_operators(rows, plan)

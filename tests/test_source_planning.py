@@ -1,0 +1,168 @@
+"""The source's planning and range reads, called directly (no Spark) against the real broker.
+
+Planning (``latestOffset``, ``partitions``, ``reportLatestOffset``) runs on the driver and must
+never read a message: it asks each partition's newest entry and plans whole entries. Reads run
+on executors and must return exactly the messages of a range, again after a crash.
+"""
+
+from __future__ import annotations
+
+import json
+
+import _pulsar
+import pulsar
+import pyarrow as pa
+import pytest
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+from pipeline.source import offsets as off
+from pipeline.source.datasource import PulsarPartition, PulsarStreamReader
+from pipeline.source.reader import POSITION_SHIFT, arrow_schema, last_entry_id
+from factories import keyed, order, publish
+
+
+def make_reader(url: str, topics: dict, **options) -> PulsarStreamReader:
+    return PulsarStreamReader({"service_url": url, "topics": ",".join(f"{k}={v}" for k, v in topics.items()),
+                               **{k: str(v) for k, v in options.items()}})
+
+
+def publish_mixed(url: str, topic: str) -> list[int]:
+    """250 orders batched into one entry or a few, then 3 unbatched ones: invoices in publish order."""
+    publish(url, topic, keyed("orders", [order(n, 1, 1) for n in range(250)]))
+    client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        producer = client.create_producer(topic, batching_enabled=False)
+        for n in range(250, 253):
+            producer.send(keyed("orders", [order(n, 1, 1)])[0][1], partition_key=str(n))
+    finally:
+        client.close()
+    return list(range(253))
+
+
+def read_batch(reader: PulsarStreamReader, start: dict, end: dict) -> pa.Table:
+    batches = [b for part in reader.partitions(start, end) for b in reader.read(part)]
+    return pa.Table.from_batches(batches, schema=arrow_schema())
+
+
+def invoices(table: pa.Table) -> list[int]:
+    return [json.loads(v)["invoiceId"] for v in table.column("value").to_pylist()]
+
+
+@pytest.fixture
+def no_reads_on_the_driver(monkeypatch):
+    """Opening a reader or receiving a message, through either client API, fails the test."""
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("planning read a message on the driver")
+    for owner, name in ((pulsar.Client, "create_reader"), (pulsar.Reader, "read_next"),
+                        (pulsar.Consumer, "receive"), (pulsar.Consumer, "batch_receive"),
+                        (_pulsar.Client, "create_reader"), (_pulsar.Reader, "read_next"),
+                        (_pulsar.Consumer, "receive"), (_pulsar.Consumer, "batch_receive")):
+        monkeypatch.setattr(owner, name, refuse)
+    return monkeypatch
+
+
+def test_planning_a_batch_reads_no_message_on_the_driver(broker, unique_topics, no_reads_on_the_driver):
+    topics = unique_topics()
+    publish_mixed(broker.service_url, topics["orders"])
+    reader = make_reader(broker.service_url, {"orders": topics["orders"]}, maxRowsPerBatch=2, splitRows=1)
+    start = reader.initialOffset()
+    first = reader.latestOffset(start, reader.getDefaultReadLimit())
+    end = reader.latestOffset(first, reader.getDefaultReadLimit())
+    pieces = reader.partitions(first, end)
+    latest = reader.reportLatestOffset()
+    no_reads_on_the_driver.undo()  # the executors' side may read
+    part = end["orders"]["parts"]["-1"]
+    assert part["n"] == 4 and part["id"].endswith(":-1:-1")  # two batches of two whole entries
+    assert [p.rng.count for p in pieces] == [1, 1]  # cut at the entry between them
+    assert latest["orders"]["parts"]["-1"]["n"] >= 4  # one or more batched entries and 3 unbatched ones
+    assert len(invoices(read_batch(reader, first, end))) >= 2
+
+
+def test_batches_of_whole_entries_cover_the_topic_once_and_reread_exactly(broker, unique_topics):
+    topics = unique_topics()
+    expected = publish_mixed(broker.service_url, topics["orders"])
+    reader = make_reader(broker.service_url, {"orders": topics["orders"]}, maxRowsPerBatch=1, splitRows=1)
+    offsets = [reader.initialOffset()]
+    tables = []
+    while True:
+        end = reader.latestOffset(offsets[-1], ReadMaxRows(1))
+        if end == offsets[-1]:
+            break
+        tables.append(read_batch(reader, offsets[-1], end))
+        offsets.append(end)
+    assert [n for table in tables for n in invoices(table)] == expected  # every message once, in order
+    assert all(t.num_rows >= 1 for t in tables) and len(tables) == offsets[-1]["orders"]["parts"]["-1"]["n"]
+    positions = [p for t in tables for p in t.column("position").to_pylist()]
+    assert positions == sorted(positions) and len(set(positions)) == len(positions)
+    assert {p >> POSITION_SHIFT for p in tables[-1].column("position").to_pylist()} == {len(tables)}
+    ids = [i for t in tables for i in t.column("message_id").to_pylist()]
+    assert [off.through(i) for i in ids] == sorted(off.through(i) for i in ids)
+    # after a crash Spark replans nothing: it re-reads a logged (start, end] and gets the same rows
+    middle = len(tables) // 2
+    again = read_batch(make_reader(broker.service_url, {"orders": topics["orders"]}, splitRows=3),
+                       offsets[middle], offsets[middle + 1])
+    assert again.equals(tables[middle])
+    assert reader.latestOffset(offsets[-1], ReadAllAvailable()) == offsets[-1]  # caught up: nothing more
+
+
+def test_a_start_inside_an_entry_reads_the_rest_of_it(broker, unique_topics):
+    """A replay's time base (and a checkpoint of the message-counting source) ends on a message
+    inside an entry: the next batch reads the rest of that entry, and a range ending there stops."""
+    topics = unique_topics()
+    publish(broker.service_url, topics["orders"], keyed("orders", [order(n, 1, 1) for n in range(50)]))
+    reader = make_reader(broker.service_url, {"orders": topics["orders"]})
+    first = reader.initialOffset()
+    everything = read_batch(reader, first, reader.latestOffset(first, ReadAllAvailable()))
+    assert invoices(everything) == list(range(50))
+    tenth = everything.column("message_id")[9].as_py()
+    middle = off.initial_offset({"orders": ["-1"]})
+    middle["orders"]["parts"]["-1"] = {"n": 1, "id": tenth}
+    assert invoices(read_batch(reader, middle, reader.latestOffset(middle, ReadAllAvailable()))) == list(range(10, 50))
+    assert invoices(read_batch(reader, off.initial_offset({"orders": ["-1"]}), middle)) == list(range(10))
+
+
+def test_a_read_range_yields_the_source_schema_exactly(broker, unique_topics):
+    topics = unique_topics()
+    publish(broker.service_url, topics["orders"], keyed("orders", [order(1, 1, 1)]), properties={"redrive-of": "1:2:-1:-1"})
+    reader = make_reader(broker.service_url, {"orders": topics["orders"]})
+    start = reader.initialOffset()
+    (piece,) = reader.partitions(start, reader.latestOffset(start, ReadAllAvailable()))
+    assert isinstance(piece, PulsarPartition)
+    (batch,) = list(reader.read(piece))
+    assert batch.schema == arrow_schema()
+    row = batch.to_pylist()[0]
+    assert (row["kind"], row["topic"], row["partition"], row["generation"], row["key"]) == ("orders", topics["orders"], -1, 0, "1")
+    assert json.loads(row["properties"]) == {"redrive-of": "1:2:-1:-1"}
+    assert row["message_id"].split(":")[1:3] == ["0", "-1"] and row["position"] >> POSITION_SHIFT == 1  # the first entry
+
+
+def test_a_start_past_the_newest_entry_fails_in_one_line(broker, unique_topics):
+    topics = unique_topics()
+    publish(broker.service_url, topics["orders"], keyed("orders", [order(1, 1, 1)]))
+    reader = make_reader(broker.service_url, {"orders": topics["orders"]})
+    ledger = off.Position.parse(last_entry_id(broker.service_url, topics["orders"], "-1")).ledger
+    gone = off.initial_offset({"orders": ["-1"]})
+    gone["orders"]["parts"]["-1"] = {"n": 9, "id": f"{ledger}:99:-1:-1"}  # a topic recreated under a checkpoint
+    with pytest.raises(Exception, match=rf"partition -1: position '{ledger}:99:-1:-1' is past the newest entry") as raised:
+        reader.latestOffset(gone, ReadAllAvailable())
+    assert "\n" not in str(raised.value)
+
+
+def test_an_unbatched_entry_then_a_batched_one_in_one_range(broker, unique_topics):
+    """A batched entry's first message (batch index 0) after an unbatched one (-1) starts a new
+    entry: the range still ends after the batched entry's last message, without waiting."""
+    topics = unique_topics()
+    client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        producer = client.create_producer(topics["orders"], batching_enabled=False)
+        for n in range(3):
+            producer.send(keyed("orders", [order(n, 1, 1)])[0][1], partition_key=str(n))
+    finally:
+        client.close()
+    publish(broker.service_url, topics["orders"], keyed("orders", [order(n, 1, 1) for n in range(3, 53)]))
+    reader = make_reader(broker.service_url, {"orders": topics["orders"]})
+    first = reader.initialOffset()
+    table = read_batch(reader, first, reader.latestOffset(first, ReadAllAvailable()))
+    assert invoices(table) == list(range(53))
+    entries = [p >> POSITION_SHIFT for p in table.column("position").to_pylist()]
+    assert entries[:3] == [1, 2, 3] and set(entries[3:]) <= {4, 5, 6, 7} and entries == sorted(entries)
