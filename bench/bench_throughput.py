@@ -118,7 +118,8 @@ def stateless_baseline(spark, url: str, topics: dict, work: Path, orders: int, m
     """Our source and parse step alone, as the job reads: ``source (transform=parse_batches) -> no-op foreachBatch``.
 
     The foreachBatch runs the batch through Spark's ``noop`` writer: every row is read and
-    parsed on the executors, nothing is collected or written; a batch holds up to ``max_rows`` rows.
+    parsed on the executors, nothing is collected or written; a batch holds up to ``max_rows``
+    broker entries, read in about four tasks as the job's are (``splitRows``).
     """
     from pipeline.enrich.rules import ENVELOPE_SPARK_SCHEMA
     from pipeline.source.datasource import PulsarDataSource
@@ -130,6 +131,7 @@ def stateless_baseline(spark, url: str, topics: dict, work: Path, orders: int, m
 
     envelopes = (spark.readStream.format("pulsar").schema(ENVELOPE_SPARK_SCHEMA).option("service_url", url)
                  .option("topics", f"orders={topics['orders']}").option("maxRowsPerBatch", max_rows)
+                 .option("splitRows", max(1, max_rows // 4))
                  .option("transform", "pipeline.enrich.parse:parse_batches").load())
     query = (envelopes.writeStream.foreachBatch(discard)
              .option("checkpointLocation", str(work / "stateless-ck")).trigger(processingTime="1 second").start())
@@ -150,6 +152,9 @@ def stateless_baseline(spark, url: str, topics: dict, work: Path, orders: int, m
     figures["phases_ms"] = phase_means(progress)
     sample = [p for p in progress if p["numInputRows"]][-1]  # one batch's whole progress, to read by eye
     figures["sample_progress"] = json.loads(sample.json) if hasattr(sample, "json") else dict(sample)
+    end = json.loads(progress[-1]["sources"][0]["endOffset"])  # positions count broker entries
+    entries = sum(part["n"] for topic in end.values() for part in topic["parts"].values())
+    figures["orders_per_entry"] = round(sum(p["numInputRows"] for p in progress) / max(1, entries), 1)
     figures["batch_ms"] = round(sum(p["batchDuration"] for p in progress if p["numInputRows"]) /
                                 max(1, len([p for p in progress if p["numInputRows"]])), 1)
     return figures
@@ -213,7 +218,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--users", type=int, default=100_000)
     parser.add_argument("--items", type=int, default=2_000)
     parser.add_argument("--orders", type=int, default=200_000)
-    parser.add_argument("--max-rows", type=int, default=50_000)
+    parser.add_argument("--max-rows", type=int, default=120,
+                        help="job.max_rows_per_batch: broker entries a batch (the producers put about 440 orders "
+                             "in an entry, so 120 is about 50k orders)")
     parser.add_argument("--skip", action="append", choices=["python", "stateless", "job"], default=[],
                         help="leave a measurement out (repeatable)")
     parser.add_argument("--log", type=Path, help="where Spark's and the readers' stderr go (default: a temp file)")
