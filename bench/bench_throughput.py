@@ -114,12 +114,12 @@ def phase_means(progress: list[dict]) -> dict:
 
 
 def stateless_baseline(spark, url: str, topics: dict, work: Path, orders: int, max_rows: int,
-                       timeout_s: float = 1800) -> dict:
+                       read_tasks: int = 4, timeout_s: float = 1800) -> dict:
     """Our source and parse step alone, as the job reads: ``source (transform=parse_batches) -> no-op foreachBatch``.
 
     The foreachBatch runs the batch through Spark's ``noop`` writer: every row is read and
     parsed on the executors, nothing is collected or written; a batch holds up to ``max_rows``
-    broker entries, read in about four tasks as the job's are (``splitRows``).
+    broker entries, read in ``read_tasks`` tasks (the job's: two per core, ``splitRows``).
     """
     from pipeline.enrich.rules import ENVELOPE_SPARK_SCHEMA
     from pipeline.source.datasource import PulsarDataSource
@@ -131,7 +131,7 @@ def stateless_baseline(spark, url: str, topics: dict, work: Path, orders: int, m
 
     envelopes = (spark.readStream.format("pulsar").schema(ENVELOPE_SPARK_SCHEMA).option("service_url", url)
                  .option("topics", f"orders={topics['orders']}").option("maxRowsPerBatch", max_rows)
-                 .option("splitRows", max(1, max_rows // 4))
+                 .option("splitRows", max(1, max_rows // read_tasks))
                  .option("transform", "pipeline.enrich.parse:parse_batches").load())
     query = (envelopes.writeStream.foreachBatch(discard)
              .option("checkpointLocation", str(work / "stateless-ck")).trigger(processingTime="1 second").start())
@@ -218,9 +218,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--users", type=int, default=100_000)
     parser.add_argument("--items", type=int, default=2_000)
     parser.add_argument("--orders", type=int, default=200_000)
-    parser.add_argument("--max-rows", type=int, default=120,
-                        help="job.max_rows_per_batch: broker entries a batch (the producers put about 440 orders "
-                             "in an entry, so 120 is about 50k orders)")
+    parser.add_argument("--max-rows", type=int, default=480,
+                        help="job.max_rows_per_batch: broker entries a batch (the producers put about 650 orders "
+                             "in an entry, so 480 is about 300k orders)")
+    parser.add_argument("--read-tasks", type=int, default=4,
+                        help="read tasks a full batch of the stateless step is cut into (the job's: 2 per core)")
     parser.add_argument("--skip", action="append", choices=["python", "stateless", "job"], default=[],
                         help="leave a measurement out (repeatable)")
     parser.add_argument("--log", type=Path, help="where Spark's and the readers' stderr go (default: a temp file)")
@@ -251,7 +253,8 @@ def main(argv=None) -> dict:
             if "stateless" not in args.skip:
                 print("stateless Spark baseline…", flush=True)
                 stalls_before = count_lines(log_path, "stalled")
-                stateless = stateless_baseline(spark, broker.service_url, topics, work, counts["orders"], args.max_rows)
+                stateless = stateless_baseline(spark, broker.service_url, topics, work, counts["orders"], args.max_rows,
+                                               args.read_tasks)
                 stateless["reader_stalls"] = count_lines(log_path, "stalled") - stalls_before
                 print(f"  {stateless['orders_per_s']:,.0f} rows/s", flush=True)
             if "job" not in args.skip:
@@ -272,7 +275,7 @@ def main(argv=None) -> dict:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "load_average_before": load_before, "load_average_after": os.getloadavg()},
         "workload": {"users": counts["users"], "items": counts["items"], "orders": counts["orders"],
-                     "max_rows_per_batch": args.max_rows},
+                     "max_rows_per_batch": args.max_rows, "stateless_read_tasks": args.read_tasks},
         "python_consumer": python, "stateless_spark": stateless, "job": job,
         "stateless_vs_python": ratio(stateless, python),
         "job_vs_stateless": ratio(job, stateless), "job_vs_python": ratio(job, python),
