@@ -3,8 +3,9 @@ first batch, with every order checked for zero loss and zero duplicates.
 
 One embedded broker holds a small generated workload (pipeline/datagen.py) published up
 front; the job runs as a real process (``python -m pipeline run``, local[2]). ``--max-rows``
-bounds the messages in a batch, so the kill meets a batch in flight; the figure is kill to the
-next commit. In one run:
+bounds the broker entries in a batch (1 by default: the producer batches hundreds of messages
+into an entry), so the workload takes many batches, the kill meets a batch in flight that
+carries orders, and the restored job has batches to redo; the figure is kill to the next commit. In one run:
 
 1. **cold start** (the baseline): a new job on an empty checkpoint, from spawning the process
    to its first batch in the commit log;
@@ -118,7 +119,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--users", type=int, default=2_000)
     parser.add_argument("--items", type=int, default=200)
     parser.add_argument("--orders", type=int, default=6_000)
-    parser.add_argument("--max-rows", type=int, default=1_000, help="job.max_rows_per_batch")
+    parser.add_argument("--max-rows", type=int, default=1, help="job.max_rows_per_batch (broker entries)")
     parser.add_argument("--restore-timeout", type=float, default=180, help="seconds the restored job gets to commit")
     args = parser.parse_args(argv)
     began = time.perf_counter()
