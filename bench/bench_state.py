@@ -351,6 +351,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--users", default="1000000,5000000,10000000", help="comma-separated user counts, ascending")
     parser.add_argument("--items", type=int, default=10_000)
     parser.add_argument("--orders", type=int, default=600_000, help="orders enriched at each step")
+    parser.add_argument("--max-rows", type=int, default=480,
+                        help="job.max_rows_per_batch: broker entries a batch (about 650 messages an entry here, so "
+                             "480 is about 300k rows; the job's default of 20,000 would take a backlog of millions at once)")
     parser.add_argument("--budget-min", type=float, default=25.0,
                         help="wall-time budget: a step projected to end past it is not started")
     args = parser.parse_args(argv)
@@ -375,7 +378,8 @@ def main(argv=None) -> dict:
         broker = cleanup.enter_context(EmbeddedBroker(work / "broker"))
         settings = load_settings(env={}, cli={
             "pulsar.service_url": broker.service_url, "paths.data_dir": str(work / "data"),
-            "spark.master": "local[2]", **{f"topics.{k}": v for k, v in topics.items()}})
+            "spark.master": "local[2]", "job.max_rows_per_batch": args.max_rows,
+            **{f"topics.{k}": v for k, v in topics.items()}})
         client = make_client(broker.service_url)
         cleanup.callback(client.close)
         publish_records(client, topics["items"], "items", table_records(tables["items"]), checked=True)
