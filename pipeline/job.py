@@ -136,10 +136,10 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
     partitions = list_topic_partitions(service_url, settings.topics, settings["pulsar.auth_token"])
     count_rows = lambda frame: observe_rows(frame, partitions, partition_column="source_partition")  # noqa: E731
     if settings["enrichment.time"] == "event":  # versions as of each order's event time (README "Event time")
-        from pipeline.enrich.event_clock import changelog_partitions, restored_newest
+        from pipeline.enrich.event_clock import restored_newest, watermark_partitions
         rows = with_event_watermarks(rows, settings["enrichment.order_time"],
                                      int(settings["enrichment.out_of_orderness"] * 1000), restored_newest(checkpoint),
-                                     changelog_partitions(service_url, settings.topics, settings["pulsar.auth_token"]),
+                                     watermark_partitions(partitions),
                                      on_every_row=count_rows)
         for lookup in LOOKUPS:
             rows = apply_event_lookup(rows, lookup, settings.max_wait_ms,

@@ -17,7 +17,8 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from pipeline.source import offsets as off
 from pipeline.source.datasource import PulsarPartition, PulsarStreamReader
-from pipeline.source.reader import POSITION_SHIFT, arrow_schema, last_entry_id
+from pipeline.source.probes import last_entry_id
+from pipeline.source.reader import POSITION_SHIFT, arrow_schema
 from factories import keyed, order, publish
 
 

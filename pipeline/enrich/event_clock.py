@@ -74,11 +74,16 @@ def changelog_partitions(service_url: str, topics: dict[str, str], token: str | 
     """The partitions of each changelog topic, as ``with_event_watermarks`` takes them (-1 for a
     topic that is not partitioned), asked with ``pulsar.auth_token`` when there is one. Called
     on the driver when the query is built."""
-    from pipeline.source.reader import list_partitions, use_token
+    from pipeline.source.counts import list_topic_partitions
 
-    if token:  # the driver's client for this URL is shared with the source: it must carry the token
-        use_token(service_url, token)
-    return {kind: [int(part) for part in list_partitions(service_url, topics[kind])] for kind in CHANGELOGS}
+    # the driver's client for this URL is shared with the source: it carries the token
+    return watermark_partitions(list_topic_partitions(service_url, {kind: topics[kind] for kind in CHANGELOGS}, token))
+
+
+def watermark_partitions(listed: dict[str, list[str]]) -> dict[str, list[int]]:
+    """The changelogs' partitions as ``with_event_watermarks`` takes them, from a listing of
+    every topic's (``counts.list_topic_partitions``)."""
+    return {kind: [int(part) for part in listed[kind]] for kind in CHANGELOGS}
 
 
 def newest_from_progress(progress: dict) -> dict[str, int]:

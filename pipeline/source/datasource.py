@@ -66,6 +66,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 
 from pipeline.errors import SourceError
 from pipeline.source import offsets as off
+from pipeline.source import probes
 from pipeline.source import reader as rd
 
 log = logging.getLogger(__name__)
@@ -174,7 +175,7 @@ class PulsarStreamReader(DataSourceStreamReader):
         for kind, how in self.starting.items():
             if how == "latest":
                 # after the newest entry of each partition (a base covers its whole entry)
-                ids = {p: rd.last_entry_id(self.service_url, self.topics[kind], p) or off.EARLIEST for p in parts[kind]}
+                ids = {p: probes.last_entry_id(self.service_url, self.topics[kind], p) or off.EARLIEST for p in parts[kind]}
                 bases[kind] = ids
         offset = off.initial_offset(parts)
         for kind, ids in bases.items():
@@ -195,7 +196,7 @@ class PulsarStreamReader(DataSourceStreamReader):
             if start.get(kind, {}).get("gen") != topic_offset["gen"]:
                 log.info("replay of %s generation %s starts at %s", kind, topic_offset["gen"], topic_offset["base"])
             for p, part in topic_offset["parts"].items():
-                last = rd.last_entry_id(self.service_url, self.topics[kind], p)
+                last = probes.last_entry_id(self.service_url, self.topics[kind], p)
                 try:
                     ledger, first, count = off.plan_entries(part["id"], last)
                 except ValueError as exc:
@@ -239,12 +240,12 @@ class PulsarStreamReader(DataSourceStreamReader):
             parts = list(offset[kind]["parts"])
             topic = self.topics[kind]
             from_ms = request.get("from_ms")
-            bases = {p: (off.EARLIEST if from_ms is None else rd.find_position_before(self.service_url, topic, p, int(from_ms)))
+            bases = {p: (off.EARLIEST if from_ms is None else probes.find_position_before(self.service_url, topic, p, int(from_ms)))
                      for p in parts}
             replayed = off.empty_topic_offset(parts, gen=seq)
             replayed["base"] = bases
             replayed["parts"] = {p: {"n": 0, "id": bases[p]} for p in parts}
-            replayed["target"] = {p: t for p in parts if (t := rd.last_entry_id(self.service_url, topic, p))}
+            replayed["target"] = {p: t for p in parts if (t := probes.last_entry_id(self.service_url, topic, p))}
             offset[kind] = replayed
         return offset
 

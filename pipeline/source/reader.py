@@ -2,10 +2,8 @@
 
 - :func:`read_range` (executor): re-reads exactly the messages of one :class:`Range` and yields
   Arrow record batches. Called once per input partition per micro-batch, also after a crash.
-- What the driver asks of the broker without reading a message: a topic's partitions
-  (:func:`list_partitions`) and a partition's newest entry (:func:`last_entry_id`), all it
-  needs to plan a batch; and, once per replay request with a time, :func:`find_position_before`
-  (the one place the driver reads messages, because pulsar-lite's seek is broken).
+- Clients, readers, partitions and message ids, shared with the driver's questions to the
+  broker (pipeline/source/probes.py).
 
 Only the standard Pulsar protocol is used (readers from message ids; no seek, no
 subscriptions), so the same code runs on pulsar-lite and Apache Pulsar.
@@ -63,7 +61,7 @@ def pulsar_client(service_url: str):
     return client
 
 
-def client_message_id(text: str):
+def client_message_id(text: str, after_whole_entry: bool = False):
     """A message id text as the C++ client's own id object, as messages carry it: readers start
     from it, and ids of one partition compare with ``<`` (ledger, entry, batch), which the read
     loops use to skip messages sent again."""
@@ -72,7 +70,9 @@ def client_message_id(text: str):
     if text == EARLIEST:
         return _pulsar.MessageId.earliest
     pos = Position.parse(text)
-    return _pulsar.MessageId(pos.partition, pos.ledger, pos.entry, pos.batch)
+    # "after the whole entry": a batch index above any real one, so ``<`` skips every message of it
+    batch = LAST_INDEX if after_whole_entry and pos.batch < 0 else pos.batch
+    return _pulsar.MessageId(pos.partition, pos.ledger, pos.entry, batch)
 
 
 def id_text(message_id) -> str:
@@ -267,8 +267,8 @@ class _RangeStream:
         self.start_id, self.end_id = start_id, end_id
         self.end = through(end_id)
         # Messages up to here were read: a start that covers a whole entry skips every message of
-        # it (a batch index above any real one), as the reader's own start does.
-        self.last = self._start = self._after(start_id)
+        # it, as the reader's own start does.
+        self.last = self._start = client_message_id(start_id, after_whole_entry=True)
         self.entry_n = start_n  # the position of the entry being read
         # Where the last read stopped: its entry, the batch index of its last message, and in the
         # end entry, the batch index of the range's last message.
@@ -278,15 +278,6 @@ class _RangeStream:
         self.done = start_id != EARLIEST and through(start_id) >= self.end
         self.deadline = time.monotonic() + timeout_s
         self.client, self.reader = open_on_own_connection(service_url, name, start_id, RANGE_RECEIVER_QUEUE)
-
-    @staticmethod
-    def _after(start_id: str):
-        import _pulsar
-
-        if start_id == EARLIEST:
-            return _pulsar.MessageId.earliest
-        pos = Position.parse(start_id)
-        return _pulsar.MessageId(pos.partition, pos.ledger, pos.entry, pos.batch if pos.batch >= 0 else LAST_INDEX)
 
     def read(self, count: int) -> _Block:
         """Up to ``count`` messages not seen yet, fewer once the end is reached (``done``); it
@@ -390,56 +381,3 @@ def arrow_schema():
 SPARK_SCHEMA = ("kind string, topic string, partition int, message_id string, position long, generation long, "
                 "key string, value binary, publish_time timestamp, properties string, event_time long")
 SPARK_SCHEMA_NAMES = [column.split()[0] for column in SPARK_SCHEMA.split(", ")]
-
-
-def find_position_before(service_url: str, topic: str, partition: str, time_ms: int, timeout_s: float = 120.0) -> str:
-    """The id of the last message published before ``time_ms`` (EARLIEST if none), by scanning.
-
-    pulsar-lite's seek is broken, so this reads from the start; it runs once per replay request.
-    """
-    import pulsar
-
-    reader = open_reader(service_url, partition_topic(topic, partition), EARLIEST)
-    previous = EARLIEST
-    deadline = time.monotonic() + timeout_s
-    try:
-        while time.monotonic() < deadline:
-            try:
-                message = reader.read_next(200)
-            except pulsar.Timeout:
-                return previous
-            if message.publish_timestamp() >= time_ms:
-                return previous
-            previous = id_text(message.message_id())
-        raise SourceError(f"scanning {topic!r} for time {time_ms} took over {timeout_s:.0f}s")
-    finally:
-        reader.close()
-
-
-def last_entry_id(service_url: str, topic: str, partition: str) -> str | None:
-    """``ledger:entry:partition:-1``, the newest entry of a partition (None when it is empty).
-
-    One ``get_last_message_id`` on a consumer with no receiver queue, so no message reaches
-    the driver; the consumer is unsubscribed at once (the Python client has no non-durable
-    subscriptions), leaving no cursor behind that would hold messages on Apache Pulsar. The
-    batch index is dropped on purpose: an end with -1 covers the whole entry, whatever number of
-    messages a producer batched into it.
-    """
-    client = pulsar_client(service_url)
-    name = partition_topic(topic, partition)
-    try:
-        consumer = client.subscribe(name, f"ss-probe-{time.time_ns()}", receiver_queue_size=0)
-    except Exception as exc:
-        raise SourceError(f"cannot ask {service_url!r} for the newest entry of {topic!r}: {exc}") from exc
-    try:
-        mid = consumer.get_last_message_id()
-    except Exception:  # pulsar-lite raises on an empty topic
-        return None
-    finally:
-        try:
-            consumer.unsubscribe()
-        except Exception:  # the broker may refuse; closing is enough then
-            consumer.close()
-    if mid.entry_id() < 0 or mid.ledger_id() < 0:
-        return None
-    return f"{mid.ledger_id()}:{mid.entry_id()}:{int(partition)}:-1"

@@ -1,0 +1,70 @@
+"""What the driver asks of the broker about a topic partition, reading no message to plan a batch.
+
+- :func:`last_entry_id`: a partition's newest entry, all planning needs (pipeline/source/
+  datasource.py asks it per partition per batch, and for a replay's target and a ``latest`` start);
+- :func:`find_position_before`: the message before a time, by scanning, once per replay request
+  with a time (the one place the driver reads messages: pulsar-lite's seek is broken).
+
+Only the standard Pulsar protocol is used, so the same code runs on pulsar-lite and Apache Pulsar.
+"""
+
+from __future__ import annotations
+
+import time
+
+from pipeline.errors import SourceError
+from pipeline.source.offsets import EARLIEST
+from pipeline.source.reader import id_text, open_reader, partition_topic, pulsar_client
+
+
+def find_position_before(service_url: str, topic: str, partition: str, time_ms: int, timeout_s: float = 120.0) -> str:
+    """The id of the last message published before ``time_ms`` (EARLIEST if none), by scanning.
+
+    pulsar-lite's seek is broken, so this reads from the start; it runs once per replay request.
+    """
+    import pulsar
+
+    reader = open_reader(service_url, partition_topic(topic, partition), EARLIEST)
+    previous = EARLIEST
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            try:
+                message = reader.read_next(200)
+            except pulsar.Timeout:
+                return previous
+            if message.publish_timestamp() >= time_ms:
+                return previous
+            previous = id_text(message.message_id())
+        raise SourceError(f"scanning {topic!r} for time {time_ms} took over {timeout_s:.0f}s")
+    finally:
+        reader.close()
+
+
+def last_entry_id(service_url: str, topic: str, partition: str) -> str | None:
+    """``ledger:entry:partition:-1``, the newest entry of a partition (None when it is empty).
+
+    One ``get_last_message_id`` on a consumer with no receiver queue, so no message reaches
+    the driver; the consumer is unsubscribed at once (the Python client has no non-durable
+    subscriptions), leaving no cursor behind that would hold messages on Apache Pulsar. The
+    batch index is dropped on purpose: an end with -1 covers the whole entry, whatever number of
+    messages a producer batched into it.
+    """
+    client = pulsar_client(service_url)
+    name = partition_topic(topic, partition)
+    try:
+        consumer = client.subscribe(name, f"ss-probe-{time.time_ns()}", receiver_queue_size=0)
+    except Exception as exc:
+        raise SourceError(f"cannot ask {service_url!r} for the newest entry of {topic!r}: {exc}") from exc
+    try:
+        mid = consumer.get_last_message_id()
+    except Exception:  # pulsar-lite raises on an empty topic
+        return None
+    finally:
+        try:
+            consumer.unsubscribe()
+        except Exception:  # the broker may refuse; closing is enough then
+            consumer.close()
+    if mid.entry_id() < 0 or mid.ledger_id() < 0:
+        return None
+    return f"{mid.ledger_id()}:{mid.entry_id()}:{int(partition)}:-1"
