@@ -5,7 +5,6 @@ import java.util.Arrays;
 import java.util.Comparator;
 import java.util.List;
 
-import org.apache.spark.api.java.function.MapFunction;
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Encoders;
 import org.apache.spark.sql.Row;
@@ -108,10 +107,7 @@ public final class ChangelogLookup extends StatefulProcessor<Long, Row, Row> {
     StructType schema = input.schema();
     Columns columns = new Columns(schema, key, role, state.split(","), found, firstSeen, waited,
         order.split(","));
-    int keyIndex = columns.key;
-    return input
-        .groupByKey((MapFunction<Row, Long>) row -> row.isNullAt(keyIndex) ? 0L : row.getLong(keyIndex),
-            Encoders.LONG())
+    return KeyedByColumn.group(input, key, Encoders.LONG(), 0L)
         .transformWithState(new ChangelogLookup(columns, maxWaitMs), TimeMode.ProcessingTime(),
             OutputMode.Append(), Encoders.row(schema));
   }

@@ -4,7 +4,6 @@ import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
 
-import org.apache.spark.api.java.function.MapFunction;
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Encoders;
 import org.apache.spark.sql.Row;
@@ -140,10 +139,7 @@ public final class GroupAggregate extends StatefulProcessor<String, Row, Row> {
   public static Dataset<Row> apply(Dataset<Row> input, String groupKey, String member, String op, String groups,
                                    String aggregates) {
     Spec spec = new Spec(input.schema(), groupKey, member, op, groups.split(","), aggregates.split(","));
-    int keyIndex = spec.groupKey;
-    return input
-        .groupByKey((MapFunction<Row, String>) row -> row.isNullAt(keyIndex) ? "" : row.getString(keyIndex),
-            Encoders.STRING())
+    return KeyedByColumn.group(input, groupKey, Encoders.STRING(), "")
         .transformWithState(new GroupAggregate(spec), TimeMode.None(), OutputMode.Append(),
             Encoders.row(spec.outputSchema));
   }

@@ -5,7 +5,6 @@ import java.util.Arrays;
 import java.util.Comparator;
 import java.util.List;
 
-import org.apache.spark.api.java.function.MapFunction;
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Encoders;
 import org.apache.spark.sql.Row;
@@ -103,10 +102,7 @@ public final class UpsertJoin extends StatefulProcessor<String, Row, Row> {
       values[s] = parts[s].isEmpty() ? new String[0] : parts[s].split(",");
     }
     Columns columns = new Columns(input.schema(), key, side, op, values, order.split(","));
-    int keyIndex = columns.key;
-    return input
-        .groupByKey((MapFunction<Row, String>) row -> row.isNullAt(keyIndex) ? "" : row.getString(keyIndex),
-            Encoders.STRING())
+    return KeyedByColumn.group(input, key, Encoders.STRING(), "")
         .transformWithState(new UpsertJoin(columns, emitBefore), TimeMode.None(), OutputMode.Append(),
             Encoders.row(columns.schema));
   }

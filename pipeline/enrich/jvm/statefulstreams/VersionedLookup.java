@@ -5,7 +5,6 @@ import java.util.Comparator;
 import java.util.List;
 import java.util.Objects;
 
-import org.apache.spark.api.java.function.MapFunction;
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Encoders;
 import org.apache.spark.sql.Row;
@@ -100,10 +99,7 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
     StructType schema = input.schema();
     ChangelogLookup.Columns columns = new ChangelogLookup.Columns(schema, key, role, state.split(","), found,
         firstSeen, waited, order.split(","));
-    int keyIndex = columns.key;
-    return input
-        .groupByKey((MapFunction<Row, Long>) row -> row.isNullAt(keyIndex) ? 0L : row.getLong(keyIndex),
-            Encoders.LONG())
+    return KeyedByColumn.group(input, key, Encoders.LONG(), 0L)
         .transformWithState(new VersionedLookup(columns, eventMs, late, asOf, maxWaitMs, allowedLatenessMs),
             TimeMode.EventTime(), OutputMode.Append(), Encoders.row(schema));
   }
