@@ -16,7 +16,9 @@ import org.apache.spark.sql.functions;
  * into a Java {@code Row} just to read its key, then turns it back, before the operator turns it
  * into a {@code Row} once more. Grouping by the column itself ({@code groupBy(column).as(...)})
  * lets Spark read the key from its own row format: one full conversion less per row and operator.
- * A null key groups as {@code whenNull}, as the operators expect.
+ * A null key groups as {@code whenNull}, as the operators expect. The key column is named
+ * {@code value}, as {@code groupByKey} names it, so the state's key schema (what checkpoints hold
+ * and the state data source reads) is unchanged.
  */
 final class KeyedByColumn {
   private KeyedByColumn() {
@@ -24,7 +26,7 @@ final class KeyedByColumn {
 
   static <K> KeyValueGroupedDataset<K, Row> group(Dataset<Row> input, String key, Encoder<K> keyEncoder,
                                                   Object whenNull) {
-    Column keyColumn = functions.coalesce(input.col(key), functions.lit(whenNull)).as("group_key");
+    Column keyColumn = functions.coalesce(input.col(key), functions.lit(whenNull)).as("value");
     return input.groupBy(keyColumn).as(keyEncoder, Encoders.row(input.schema()));
   }
 }
