@@ -103,6 +103,8 @@ def process_age_s() -> float:
 
 def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter):
     """Start the streaming query (returns the StreamingQuery)."""
+    from pyspark.sql import functions as F
+
     from pipeline.enrich import rules
     from pipeline.enrich.lookups import LOOKUPS, apply_event_lookup, apply_lookup, with_event_watermarks
     from pipeline.source.counts import list_topic_partitions, observe_rows
@@ -145,13 +147,16 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
             rows = apply_event_lookup(rows, lookup, settings.max_wait_ms,
                                       int(settings["enrichment.allowed_lateness"] * 1000))
     else:
-        rows = count_rows(rows)
+        # Every column a row carries is converted and shuffled in each lookup; these are null here.
+        # A message's key is read by the sinks only for a dead letter.
+        rows = (count_rows(rows).drop(*rules.EVENT_TIME_COLUMNS)
+                .withColumn("key", F.when(F.col("op") == "dead", F.col("key"))))
         for lookup in LOOKUPS:
             rows = apply_lookup(rows, lookup, settings.max_wait_ms)
     # {… "user_first_name": "Ada", "user_state": "found", "item_name": "…", "item_state": "missing", "waited_ms": 0}
 
     def write_batch(batch_df, batch_id: int) -> None:
-        writer.write_wide(rules.with_sinks(batch_df.toArrow()), batch_id)
+        writer.write_wide(rules.with_sinks(rules.with_envelope_columns(batch_df.toArrow())), batch_id)
 
     interval_ms = int(settings["job.trigger_interval"] * 1000)
     return (rows.writeStream.queryName("enrichment").foreachBatch(write_batch)

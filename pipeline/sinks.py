@@ -100,9 +100,9 @@ def split_wide(table: pa.Table, batch_id: int, now_ms: int) -> dict[str, pa.Tabl
         columns = []
         for field in schema:
             if field.name == "batch_id":
-                column = pa.array([batch_id] * part.num_rows, pa.int64())
+                column = pa.repeat(pa.scalar(batch_id, pa.int64()), part.num_rows)
             elif field.name in ("enriched_at", "detected_at"):
-                column = pa.array([now_ms] * part.num_rows, pa.int64()).cast(field.type)
+                column = pa.repeat(pa.scalar(now_ms, pa.int64()), part.num_rows).cast(field.type)
             else:
                 column = part[RENAMED.get(name, {}).get(field.name, field.name)].cast(field.type)
             columns.append(column)

@@ -38,9 +38,7 @@ import pyarrow.json as pj
 from pipeline import wire
 from pipeline.enrich import rules
 
-_TYPES = {"string": pa.string(), "int": pa.int32(), "long": pa.int64(), "double": pa.float64()}
-ENVELOPE_ARROW_SCHEMA = pa.schema([(name, _TYPES[kind]) for name, kind in
-                                   (part.strip().split(" ") for part in rules.ENVELOPE_SPARK_SCHEMA.split(","))])
+ENVELOPE_ARROW_SCHEMA = rules.ENVELOPE_ARROW_SCHEMA
 # envelope column <- source column, carried over as they are
 FROM_SOURCE = {"kind": "kind", "source_topic": "topic", "source_partition": "partition",
                "source_message_id": "message_id", "position": "position", "key": "key"}

@@ -53,6 +53,11 @@ ENVELOPE_SPARK_SCHEMA = ", ".join([
     # and per lookup the time of the version it was enriched as of.
     "event_time long, event_ms long, late long, idle_topics string",
     *(f"{lookup.as_of_column} long" for lookup in LOOKUPS)])
+_ARROW_TYPES = {"string": pa.string(), "int": pa.int32(), "long": pa.int64(), "double": pa.float64()}
+ENVELOPE_ARROW_SCHEMA = pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in
+                                   (part.strip().split(" ") for part in ENVELOPE_SPARK_SCHEMA.split(","))])
+# The event-time columns: always null in processing time, so that job leaves them out of its lookups.
+EVENT_TIME_COLUMNS = ("event_time", "event_ms", "late", "idle_topics", *(lookup.as_of_column for lookup in LOOKUPS))
 ENVELOPE_FIELDS = tuple(part.strip().split(" ")[0] for part in ENVELOPE_SPARK_SCHEMA.split(","))
 # Wire field -> envelope column, per topic. Ids are never null in the envelope (0 where unused),
 # so every row has a key in every lookup.
@@ -168,6 +173,15 @@ def sink_of(row: dict) -> tuple[str, str | None]:
         return "missing_state", LATE
     reason = missing_reason(*(row[lookup.found_column] == FOUND for lookup in LOOKUPS))
     return ("missing_state" if reason else "enriched"), reason
+
+
+def with_envelope_columns(table: pa.Table) -> pa.Table:
+    """``table`` with every envelope column it lacks added as nulls (the processing-time job
+    leaves the event-time columns out of its lookups)."""
+    for field in ENVELOPE_ARROW_SCHEMA:
+        if field.name not in table.column_names:
+            table = table.append_column(field, pa.nulls(table.num_rows, field.type))
+    return table
 
 
 def with_sinks(table: pa.Table) -> pa.Table:
