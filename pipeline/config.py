@@ -165,7 +165,9 @@ KEYS: tuple[Key, ...] = (
     Key("spark.auth_secret", None, _optional_text, "Shared secret for Spark RPC authentication (spark.authenticate); secret"),
     Key("spark.extra_java_options", None, _optional_text, "More JVM options for the Spark driver (after ours)"),
     Key("job.trigger_interval", "1s", _positive_duration, "Micro-batch trigger interval"),
-    Key("job.max_rows_per_batch", 20_000, _int_at_least(1),
+    # 500 entries: about 300k of our orders, up to 500k messages of full pulsar-client batches; the
+    # driver collects a batch for the sinks, and 2 GB held 600k orders (pipeline/spark.py).
+    Key("job.max_rows_per_batch", 500, _int_at_least(1),
         "Most broker entries in one micro-batch (an entry is one message, or one producer batch of them)"),
     Key("job.start_from", "earliest", _choice("earliest", "latest"), "Where a fresh checkpoint starts reading every topic"),
     Key("job.restart.attempts", 5, _int_at_least(0), "Restarts from the last checkpoint before giving up"),

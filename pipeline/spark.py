@@ -17,6 +17,7 @@ ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateS
 # method, so it ran interpreted and took half the executor threads' time. Compiling it anyway
 # gave the job 37.6k against 30.3k orders/s (bench/README.md, stop 23). Driver and executors.
 JIT_OPTIONS = "-XX:-DontCompileHugeMethods"
+ARROW_POOL_VARIABLE, ARROW_POOL = "ARROW_DEFAULT_MEMORY_POOL", "system"
 CHECKPOINT_FILE_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 
 
@@ -35,6 +36,10 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
     """Get or create the SparkSession with our state store and tuning."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # The Python workers (local: they inherit this environment) give the memory of each read
+    # task's Arrow batches back to the system instead of keeping it in pyarrow's own pool
+    # (a read worker: about 360 -> 220 to 320 MB, orders/s the same; bench/README.md, stop 23).
+    os.environ.setdefault(ARROW_POOL_VARIABLE, ARROW_POOL)
     if settings["spark.master"].startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
@@ -79,6 +84,7 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
         .config("spark.driver.extraJavaOptions", " ".join(filter(None, (
             "-Xss16m", JIT_OPTIONS, driver_java_options(), settings["spark.extra_java_options"]))))
         .config("spark.executor.extraJavaOptions", JIT_OPTIONS)
+        .config(f"spark.executorEnv.{ARROW_POOL_VARIABLE}", ARROW_POOL)  # a cluster's Python workers
     )
     if settings["spark.master"].startswith("local"):
         # Loopback only on one machine; on a cluster the workers must reach the driver.
