@@ -362,7 +362,7 @@ def main(argv=None) -> dict:
                              "restores the state, and three measured)")
     parser.add_argument("--max-rows", type=int, default=480,
                         help="job.max_rows_per_batch: broker entries a batch (about 650 messages an entry here, so "
-                             "480 is about 300k rows; the job's default of 20,000 would take a backlog of millions at once)")
+                             "480 is about 300k rows, near the job's default of 500)")
     parser.add_argument("--budget-min", type=float, default=25.0,
                         help="wall-time budget: a step projected to end past it is not started")
     args = parser.parse_args(argv)
