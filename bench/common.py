@@ -147,9 +147,9 @@ def _processes() -> dict[int, tuple[int, str]]:
     return found
 
 
-def process_tree(pid: int) -> dict[int, str]:
-    """``pid`` and all its descendants, pid -> command line."""
-    table = _processes()
+def process_tree(pid: int, table: dict[int, tuple[int, str]] | None = None) -> dict[int, str]:
+    """``pid`` and all its descendants, pid -> command line (from ``table``, or read now)."""
+    table = _processes() if table is None else table
     tree, frontier = {}, [pid]
     while frontier:
         current = frontier.pop()
@@ -170,21 +170,49 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
+def pss_bytes(pid: int) -> int:
+    """Proportional set size of one process (0 if it is gone): its resident pages, each shared
+    page divided among the processes that map it, so a tree's PSS adds up to what it holds."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def job_memory(pid: int) -> dict:
-    """RSS of the job's process tree in MB: the Python driver, the JVM and the Python workers."""
+    """Memory of the job's process tree in MB: RSS of the Python driver, the JVM and the Python
+    workers, their sum, and the tree's PSS (``pss_mb``; the pyspark daemons' forked workers share
+    pages with them, which the RSS sum counts once per process).
+
+    A child of the JVM still running the JVM's command line is a fork not yet turned into the
+    program it runs (Hadoop starts ``chmod`` for each checkpoint file it creates): it shares the
+    JVM's memory, and counting its RSS again doubled the JVM in a sample now and then (the peaks
+    of bench/README.md's stop 22 and 23 state runs)."""
+    table = _processes()
     parts = {"driver_python_mb": 0, "jvm_mb": 0, "python_workers_mb": 0}
-    workers = 0
-    for child, cmdline in process_tree(pid).items():
+    workers, pss = 0, 0
+    for child, cmdline in process_tree(pid, table).items():
+        parent = table[child][0]
+        if child != pid and parent in table and table[parent][1] == cmdline and _is_jvm(cmdline):
+            continue
         mb = rss_bytes(child) / 1e6
+        pss += pss_bytes(child)
         if child == pid:
             parts["driver_python_mb"] += mb
-        elif "java" in cmdline.split(" ", 1)[0]:
+        elif _is_jvm(cmdline):
             parts["jvm_mb"] += mb
         else:
             parts["python_workers_mb"] += mb
             workers += 1
     parts = {name: round(mb, 1) for name, mb in parts.items()}
-    return {**parts, "total_mb": round(sum(parts.values()), 1), "python_workers": workers}
+    return {**parts, "total_mb": round(sum(parts.values()), 1), "pss_mb": round(pss / 1e6, 1), "python_workers": workers}
+
+
+def _is_jvm(cmdline: str) -> bool:
+    return "java" in cmdline.split(" ", 1)[0]
 
 
 def available_memory_mb() -> float:
