@@ -28,6 +28,7 @@ from pipeline import store
 from pipeline.broker import EmbeddedBroker, running_embedded_url
 from pipeline.config import Settings
 from pipeline.errors import ConfigError, SinkError, StatefulStreamsError
+from pipeline.freed_memory import give_back_freed_memory
 from pipeline.metrics import MetricsStore
 from pipeline.sinks import SinkWriter, last_committed_batch
 
@@ -157,6 +158,7 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
 
     def write_batch(batch_df, batch_id: int) -> None:
         writer.write_wide(rules.with_sinks(rules.with_envelope_columns(batch_df.toArrow())), batch_id)
+        give_back_freed_memory()
 
     interval_ms = int(settings["job.trigger_interval"] * 1000)
     return (rows.writeStream.queryName("enrichment").foreachBatch(write_batch)

@@ -65,6 +65,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
 from pipeline.errors import SourceError
+from pipeline.freed_memory import give_back_freed_memory
 from pipeline.source import offsets as off
 from pipeline.source import probes
 from pipeline.source import reader as rd
@@ -265,7 +266,9 @@ class PulsarStreamReader(DataSourceStreamReader):
     def read(self, partition: PulsarPartition):
         batches = rd.read_range(self.service_url, partition.topic, partition.kind, partition.rng)
         transform = load_transform(self.transform, self.transform_args)
-        return transform(batches) if transform else batches
+        yield from transform(batches) if transform else batches
+        # The worker lives on and reads the next task: hand this one's messages back.
+        give_back_freed_memory()
 
 
 class PulsarDataSource(DataSource):
