@@ -114,6 +114,15 @@ def _spark_master(raw: Any) -> str:
     return value
 
 
+def _heap_size(raw: Any) -> str:
+    value = _text(raw).lower()
+    match = re.match(r"^(\d+)([mg])$", value)
+    # Spark refuses a driver heap under about 450 MB (its reserved 300 MB and 1.5 times that).
+    if not match or int(match[1]) * (1024 if match[2] == "g" else 1) < 512:
+        raise ValueError("a JVM heap size of at least 512 MB such as '1g' or '1536m'")
+    return value
+
+
 def _choice(*allowed: str) -> Callable[[Any], str]:
     def parse(raw: Any) -> str:
         value = str(raw).strip()
@@ -163,10 +172,14 @@ KEYS: tuple[Key, ...] = (
     Key("spark.master", "local[*]", _spark_master, "Spark master URL"),
     Key("spark.shuffle_partitions", 0, _int_at_least(0, 100_000), "Shuffle partitions; 0 sizes them to the cores"),
     Key("spark.auth_secret", None, _optional_text, "Shared secret for Spark RPC authentication (spark.authenticate); secret"),
+    # 1 GB holds a batch at job.max_rows_per_batch's default with room to spare, and the job's
+    # memory is bounded (bench/bench_state.py): raise it with the batch bound.
+    Key("spark.driver_memory", "1g", _heap_size,
+        "Heap of the Spark driver JVM, which collects each micro-batch for the sinks ('1g', '1536m')"),
     Key("spark.extra_java_options", None, _optional_text, "More JVM options for the Spark driver (after ours)"),
     Key("job.trigger_interval", "1s", _positive_duration, "Micro-batch trigger interval"),
     # 500 entries: about 300k of our orders, up to 500k messages of full pulsar-client batches; the
-    # driver collects a batch for the sinks, and 2 GB held 600k orders (pipeline/spark.py).
+    # driver collects a batch for the sinks, in spark.driver_memory.
     Key("job.max_rows_per_batch", 500, _int_at_least(1),
         "Most broker entries in one micro-batch (an entry is one message, or one producer batch of them)"),
     Key("job.start_from", "earliest", _choice("earliest", "latest"), "Where a fresh checkpoint starts reading every topic"),

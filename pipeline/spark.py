@@ -10,6 +10,7 @@ import os
 import sys
 
 from pipeline.config import Settings
+from pipeline.freed_memory import ARROW_POOL, ARROW_POOL_VARIABLE
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 # The code Spark generates to turn the lookups' Java rows back into its own format is one method
@@ -17,7 +18,6 @@ ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateS
 # method, so it ran interpreted and took half the executor threads' time. Compiling it anyway
 # gave the job 37.6k against 30.3k orders/s (bench/README.md, stop 23). Driver and executors.
 JIT_OPTIONS = "-XX:-DontCompileHugeMethods"
-ARROW_POOL_VARIABLE, ARROW_POOL = "ARROW_DEFAULT_MEMORY_POOL", "system"
 CHECKPOINT_FILE_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 
 
@@ -36,9 +36,8 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
     """Get or create the SparkSession with our state store and tuning."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    # The Python workers (local: they inherit this environment) give the memory of each read
-    # task's Arrow batches back to the system instead of keeping it in pyarrow's own pool
-    # (a read worker: about 360 -> 220 to 320 MB, orders/s the same; bench/README.md, stop 23).
+    # The Python workers (local: they inherit this environment) allocate Arrow memory from the
+    # system allocator, which hands freed memory back (pipeline/freed_memory.py).
     os.environ.setdefault(ARROW_POOL_VARIABLE, ARROW_POOL)
     if settings["spark.master"].startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -58,10 +57,11 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
         # and filter blocks), so memory does not grow with the keys held (bench/bench_state.py).
         .config("spark.sql.streaming.stateStore.rocksdb.boundedMemoryUsage", "true")
         .config("spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB", "500")
-        # The driver collects each batch's rows for the sinks; with 1 GB (Spark's default) a
-        # 600k-order batch (a backlog after a restart) lost its task results from the block
-        # manager (TaskResultLost) and the job restarted on it until its attempts ran out.
-        .config("spark.driver.memory", "2g")
+        # The driver collects each batch's rows for the sinks. Its heap holds a batch at the
+        # default bound (job.max_rows_per_batch: 500 entries, about 300k orders) in 1 GB as
+        # fast as in 2 GB, and the job's memory is bounded (bench/README.md, stop 24). With the
+        # old bound, a 600k-order backlog batch lost its task results (TaskResultLost) in 1 GB.
+        .config("spark.driver.memory", settings["spark.driver_memory"])
         .config("spark.sql.streaming.stateStore.stateSchemaCheck", "true")
         # Hadoop's FileContext (Spark's default here) resolves links with a forked ``readlink`` and
         # sets permissions with a forked ``chmod`` for every file it renames into the checkpoint:

@@ -109,3 +109,15 @@ def test_config_file_that_is_a_folder_or_not_utf8(tmp_path):
     latin.write_bytes(b'[app]\naddress = "caf\xe9"\n')
     with pytest.raises(ConfigError, match=re.escape(f"config file {str(latin)!r} is not UTF-8 text")):
         load_settings(latin, env={})
+
+
+@pytest.mark.parametrize("raw,expected", [("1g", "1g"), ("1536M", "1536m"), (" 2G ", "2g"), ("512m", "512m")])
+def test_driver_memory_takes_spark_sizes(raw, expected):
+    assert load_settings(env={"SS_SPARK_DRIVER_MEMORY": raw})["spark.driver_memory"] == expected
+
+
+@pytest.mark.parametrize("raw", ["1", "1gb", "256m", "0g", "-1g", "lots"])
+def test_driver_memory_too_small_or_not_a_size(raw):
+    with pytest.raises(ConfigError, match=re.escape("setting 'spark.driver_memory' = ") + ".*"
+                       + re.escape("a JVM heap size of at least 512 MB")):
+        load_settings(env={"SS_SPARK_DRIVER_MEMORY": raw})
