@@ -18,7 +18,8 @@ state, is the baseline. Then, for each step (up to 1M users, up to 5M, up to 10M
 
 At each step it reports the RSS of the job's process tree (the driver, its JVM with the
 RocksDB state stores, and the Python workers, from /proc) once the users are loaded and once
-the orders are enriched, with the peaks while it worked; RocksDB's own memory figure
+the orders are enriched, with the peaks while it worked, and the tree's PSS (shared pages
+counted once; bench/common.py's ``job_memory``); RocksDB's own memory figure
 (``memoryUsedBytes`` of both lookups); the state on disk; and the time from the restart to its
 first batch (which loads the state from the checkpoint, as after any stop).
 
@@ -279,9 +280,9 @@ def measure_step(run: JobRun, settings, work: Path, cleanup: ExitStack, client, 
     step["memory_enriched"] = run.memory()
     step["rocksdb"] = state_rows(data_dir)
     step["memory_peak_enriching"] = run.sampler.peak()
-    step["memory_peak_mb"] = max(step["memory_peak_loading"].get("total_mb", 0),
-                                 step["memory_peak_enriching"].get("total_mb", 0),
-                                 step["memory_loaded"]["total_mb"], step["memory_enriched"]["total_mb"])
+    samples = [step[name] for name in ("memory_peak_loading", "memory_peak_enriching", "memory_loaded", "memory_enriched")]
+    step["memory_peak_mb"] = max(sample.get("total_mb", 0) for sample in samples)
+    step["pss_peak_mb"] = max(sample.get("pss_mb", 0) for sample in samples)
     return step, run
 
 
@@ -291,8 +292,10 @@ def spark_state_store_conf() -> dict:
     import re
 
     text = (ROOT / "pipeline" / "spark.py").read_text()
-    return dict(re.findall(r'\.config\("(spark\.(?:sql\.streaming\.stateStore\.[\w.]+|driver\.memory|executor\.memory))",\s*"([^"]*)"\)',
+    conf = dict(re.findall(r'\.config\("(spark\.(?:sql\.streaming\.stateStore\.[\w.]+|executor\.memory))",\s*"([^"]*)"\)',
                            text))
+    # the job runs with the default (tests/jobproc.py passes no SS_ variable on)
+    return {**conf, "spark.driver.memory": load_settings(env={})["spark.driver_memory"]}
 
 
 def _mb(value) -> str:
@@ -301,7 +304,7 @@ def _mb(value) -> str:
 
 def print_table(result: dict) -> None:
     idle = result["idle_job"]["memory"]
-    print(f"\n{'users in state':<16}{'RSS loaded':>11}{'RSS enriched':>13}{'peak MB':>9}{'RocksDB MB':>11}"
+    print(f"\n{'users in state':<16}{'RSS loaded':>11}{'RSS enriched':>13}{'peak MB':>9}{'PSS peak':>9}{'RocksDB MB':>11}"
           f"{'state MB':>9}{'users/s':>9}{'orders/s':>10}{'x 1st':>7}{'restart s':>10}{'load avg':>9}")
     print(f"{'0 (idle job)':<16}{_mb(idle['total_mb']):>11}")
     for step in result["steps"]:
@@ -310,7 +313,7 @@ def print_table(result: dict) -> None:
             continue
         rocksdb = sum(op["memory_bytes"] for op in step["rocksdb"].values()) / 1e6
         print(f"{step['users']:>14,}  {_mb(step['memory_loaded']['total_mb']):>11}"
-              f"{_mb(step['memory_enriched']['total_mb']):>13}{_mb(step['memory_peak_mb']):>9}{rocksdb:>11,.0f}"
+              f"{_mb(step['memory_enriched']['total_mb']):>13}{_mb(step['memory_peak_mb']):>9}{_mb(step.get('pss_peak_mb')):>9}{rocksdb:>11,.0f}"
               f"{step['state_bytes'] / 1e6:>9,.0f}{_mb(step['load']['rows_per_s']):>9}{_mb(step['enrich']['rows_per_s']):>10}"
               f"{step.get('orders_per_s_vs_first') or 0:>7.2f}{step['enrich']['restart_to_first_batch_s']:>10.1f}"
               f"{step['enrich']['load_average'][0]:>9.1f}")
