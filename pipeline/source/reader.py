@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import deque
 from typing import Iterator
 
 from pipeline.config import pulsar_authentication
@@ -31,6 +32,13 @@ LAST_INDEX = (1 << 31) - 1  # a batch index after every real one (the C++ client
 # Messages a range reader's client asks the broker for at a time (it asks again after taking
 # half). See _RangeStream for why it is not larger.
 RANGE_RECEIVER_QUEUE = 5000
+# A range's Arrow batches are read ahead of whoever consumes them (the parse step, Spark) up to
+# this many bytes, so a range of up to about 200k orders is read whole and its reader closed
+# before the first batch is handed on. pulsar-lite counts a reader's permits per entry where
+# the client grants them per message, so while a reader is open the broker pushes it the rest
+# of the topic, and the C++ client holds every message it got (about 1 KB each) until the
+# reader closes: in a backlog, each read worker grew by ~700 MB while it parsed between reads.
+READ_AHEAD_BYTES = 64 << 20
 _clients: dict[str, object] = {}
 # The token each broker URL is reached with in this process (``pulsar.auth_token``): the data
 # source sets it from its ``authToken`` option on the driver and in every read task.
@@ -145,13 +153,17 @@ def read_range(service_url: str, topic: str, kind: str, rng: Range, read_timeout
     """
     stream = _RangeStream(service_url, partition_topic(topic, rng.partition), topic, rng.start_id, rng.end_id,
                           rng.start_n, read_timeout_s)
+    ahead: deque = deque()  # batches read but not yet handed on; see READ_AHEAD_BYTES
     try:
         while not stream.done:
             block = stream.read(ARROW_BATCH_ROWS)
             if block.batches:
-                yield block.to_arrow(kind, topic, int(rng.partition), rng.gen)
+                ahead.append(block.to_arrow(kind, topic, int(rng.partition), rng.gen))
+                while ahead and sum(batch.nbytes for batch in ahead) > READ_AHEAD_BYTES:
+                    yield ahead.popleft()
     finally:
         stream.close()
+    yield from ahead
 
 
 def message_batch_size(message_id) -> int | None:

@@ -30,6 +30,7 @@ from pathlib import Path
 from pipeline import store
 from pipeline.config import Settings
 from pipeline.errors import ConfigError, ControlError, StatefulStreamsError
+from pipeline.freed_memory import give_back_freed_memory
 from pipeline.metrics import MetricsStore
 from pipeline.sinks import last_committed_batch
 from pipeline.sql.envelope import envelope_ddl, make_parser, used_columns, field_name
@@ -139,6 +140,7 @@ def build_query(spark, settings: Settings, plan: Plan, name: str, service_url: s
         result = build_result(plan, table, batch_id, now)
         send_messages(producer, build_messages(plan, result))
         writer.stage_batch({"result": result, "dead_letter": build_dead_letters(table, batch_id, now)}, batch_id)
+        give_back_freed_memory()
 
     interval_ms = int(settings["job.trigger_interval"] * 1000)
     return (out.writeStream.queryName(f"sql-{name}").foreachBatch(write_batch)
