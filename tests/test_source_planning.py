@@ -167,3 +167,30 @@ def test_an_unbatched_entry_then_a_batched_one_in_one_range(broker, unique_topic
     assert invoices(table) == list(range(53))
     entries = [p >> POSITION_SHIFT for p in table.column("position").to_pylist()]
     assert entries[:3] == [1, 2, 3] and set(entries[3:]) <= {4, 5, 6, 7} and entries == sorted(entries)
+
+
+def test_a_range_is_read_whole_and_its_reader_closed_before_its_first_batch_is_handed_on(broker, unique_topics, monkeypatch):
+    """The broker pushes an open reader the rest of the topic (READ_AHEAD_BYTES), so a range
+    under the read-ahead bound must be read to its end, and its reader closed, first."""
+    from pipeline.source import reader as rd
+
+    topics = unique_topics()
+    publish(broker.service_url, topics["orders"], keyed("orders", [order(n, 1, 1) for n in range(70_000)]))
+    closed: list[bool] = []
+    real_close = rd._RangeStream.close
+    monkeypatch.setattr(rd._RangeStream, "close", lambda self: (closed.append(True), real_close(self)))
+    reader = make_reader(broker.service_url, {"orders": topics["orders"]})
+    start = reader.initialOffset()
+    (piece,) = reader.partitions(start, reader.latestOffset(start, ReadAllAvailable()))
+    batches = reader.read(piece)
+    first = next(batches)
+    assert closed, "the reader was still open when the first batch was handed on"
+    rest = list(batches)
+    assert len(rest) >= 2 and first.num_rows + sum(b.num_rows for b in rest) == 70_000  # three Arrow batches
+
+    monkeypatch.setattr(rd, "READ_AHEAD_BYTES", 0)  # nothing read ahead: the reader stays open until the end
+    closed.clear()
+    batches = reader.read(piece)
+    next(batches)
+    assert not closed
+    assert sum(b.num_rows for b in batches) == 70_000 - first.num_rows and closed
