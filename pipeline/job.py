@@ -138,6 +138,9 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
     # The source's offsets count broker entries; the messages of each batch are counted here.
     partitions = list_topic_partitions(service_url, settings.topics, settings["pulsar.auth_token"])
     count_rows = lambda frame: observe_rows(frame, partitions, partition_column="source_partition")  # noqa: E731
+    # Every column a row carries is converted and shuffled in each lookup; a message's key is
+    # read by the sinks only for a dead letter.
+    rows = rows.withColumn("key", F.when(F.col("op") == "dead", F.col("key")))
     if settings["enrichment.time"] == "event":  # versions as of each order's event time (README "Event time")
         from pipeline.enrich.event_clock import restored_newest, watermark_partitions
         rows = with_event_watermarks(rows, settings["enrichment.order_time"],
@@ -148,10 +151,7 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
             rows = apply_event_lookup(rows, lookup, settings.max_wait_ms,
                                       int(settings["enrichment.allowed_lateness"] * 1000))
     else:
-        # Every column a row carries is converted and shuffled in each lookup; these are null here.
-        # A message's key is read by the sinks only for a dead letter.
-        rows = (count_rows(rows).drop(*rules.EVENT_TIME_COLUMNS)
-                .withColumn("key", F.when(F.col("op") == "dead", F.col("key"))))
+        rows = count_rows(rows).drop(*rules.EVENT_TIME_COLUMNS)  # null in processing time
         for lookup in LOOKUPS:
             rows = apply_lookup(rows, lookup, settings.max_wait_ms)
     # {… "user_first_name": "Ada", "user_state": "found", "item_name": "…", "item_state": "missing", "waited_ms": 0}
