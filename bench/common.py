@@ -159,27 +159,26 @@ def process_tree(pid: int, table: dict[int, tuple[int, str]] | None = None) -> d
     return tree
 
 
-def rss_bytes(pid: int) -> int:
-    """VmRSS of one process (0 if it is gone)."""
+def _proc_kb(path: str, field: str) -> int:
+    """A ``Field:  N kB`` line of a /proc file, in bytes (0 if the process is gone)."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
     return 0
+
+
+def rss_bytes(pid: int) -> int:
+    """VmRSS of one process (0 if it is gone)."""
+    return _proc_kb(f"/proc/{pid}/status", "VmRSS")
 
 
 def pss_bytes(pid: int) -> int:
     """Proportional set size of one process (0 if it is gone): its resident pages, each shared
     page divided among the processes that map it, so a tree's PSS adds up to what it holds."""
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    return _proc_kb(f"/proc/{pid}/smaps_rollup", "Pss")
 
 
 def job_memory(pid: int) -> dict:
