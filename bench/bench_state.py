@@ -287,15 +287,12 @@ def measure_step(run: JobRun, settings, work: Path, cleanup: ExitStack, client, 
 
 
 def spark_state_store_conf() -> dict:
-    """The RocksDB and memory settings pipeline/spark.py gives the job (from its source, so the
-    figures say which configuration they were measured with)."""
-    import re
+    """The state store and memory settings the job ran with, so the figures say which
+    configuration they were measured with."""
+    from pipeline.spark import STATE_STORE_CONF
 
-    text = (ROOT / "pipeline" / "spark.py").read_text()
-    conf = dict(re.findall(r'\.config\("(spark\.(?:sql\.streaming\.stateStore\.[\w.]+|executor\.memory))",\s*"([^"]*)"\)',
-                           text))
     # the job runs with the default (tests/jobproc.py passes no SS_ variable on)
-    return {**conf, "spark.driver.memory": load_settings(env={})["spark.driver_memory"]}
+    return {**STATE_STORE_CONF, "spark.driver.memory": load_settings(env={})["spark.driver_memory"]}
 
 
 def _mb(value) -> str:

@@ -18,6 +18,18 @@ ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateS
 # method, so it ran interpreted and took half the executor threads' time. Compiling it anyway
 # gave the job 37.6k against 30.3k orders/s (bench/README.md, stop 23). Driver and executors.
 JIT_OPTIONS = "-XX:-DontCompileHugeMethods"
+# The state store (bench/bench_state.py records these with its figures).
+STATE_STORE_CONF = {
+    "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    # One memory budget for every RocksDB instance in the JVM (block cache, memtables, index
+    # and filter blocks), so memory does not grow with the keys held (bench/bench_state.py).
+    # Below Spark's usual 500 MB: state beyond the cache is read from the OS's page cache,
+    # and the job's whole memory stays under 4 GB at 10M users (bench/README.md, stop 24).
+    "spark.sql.streaming.stateStore.rocksdb.boundedMemoryUsage": "true",
+    "spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB": "384",
+    "spark.sql.streaming.stateStore.stateSchemaCheck": "true",
+}
 CHECKPOINT_FILE_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 
 
@@ -51,20 +63,11 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions(settings)))
         # The lookup operator's jar: on the driver's classpath, and shipped by Spark to a cluster's executors.
         .config("spark.jars", str(require_jar()))
-        .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
-        .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
-        # One memory budget for every RocksDB instance in the JVM (block cache, memtables, index
-        # and filter blocks), so memory does not grow with the keys held (bench/bench_state.py).
-        # Below Spark's usual 500 MB: state beyond the cache is read from the OS's page cache,
-        # and the job's whole memory stays under 4 GB at 10M users (bench/README.md, stop 24).
-        .config("spark.sql.streaming.stateStore.rocksdb.boundedMemoryUsage", "true")
-        .config("spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB", "384")
         # The driver collects each batch's rows for the sinks. Its heap holds a batch at the
         # default bound (job.max_rows_per_batch: 500 entries, about 300k orders) in 1 GB as
         # fast as in 2 GB, and the job's memory is bounded (bench/README.md, stop 24). With the
         # old bound, a 600k-order backlog batch lost its task results (TaskResultLost) in 1 GB.
         .config("spark.driver.memory", settings["spark.driver_memory"])
-        .config("spark.sql.streaming.stateStore.stateSchemaCheck", "true")
         # Hadoop's FileContext (Spark's default here) resolves links with a forked ``readlink`` and
         # sets permissions with a forked ``chmod`` for every file it renames into the checkpoint:
         # about 16 processes a batch, 30 ms an offset-log write and 45 ms a state commit. The
@@ -88,6 +91,8 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
         .config("spark.executor.extraJavaOptions", JIT_OPTIONS)
         .config(f"spark.executorEnv.{ARROW_POOL_VARIABLE}", ARROW_POOL)  # a cluster's Python workers
     )
+    for key, value in STATE_STORE_CONF.items():
+        builder = builder.config(key, value)
     if settings["spark.master"].startswith("local"):
         # Loopback only on one machine; on a cluster the workers must reach the driver.
         builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
