@@ -154,12 +154,15 @@ def read_range(service_url: str, topic: str, kind: str, rng: Range, read_timeout
     stream = _RangeStream(service_url, partition_topic(topic, rng.partition), topic, rng.start_id, rng.end_id,
                           rng.start_n, read_timeout_s)
     ahead: deque = deque()  # batches read but not yet handed on; see READ_AHEAD_BYTES
+    ahead_bytes = 0
     try:
         while not stream.done:
             block = stream.read(ARROW_BATCH_ROWS)
             if block.batches:
                 ahead.append(block.to_arrow(kind, topic, int(rng.partition), rng.gen))
-                while ahead and sum(batch.nbytes for batch in ahead) > READ_AHEAD_BYTES:
+                ahead_bytes += ahead[-1].nbytes
+                while ahead and ahead_bytes > READ_AHEAD_BYTES:
+                    ahead_bytes -= ahead[0].nbytes
                     yield ahead.popleft()
     finally:
         stream.close()
