@@ -213,14 +213,11 @@ def job_with_state_loaded(settings, url: str, topic: str, tables: dict, counts: 
     wall = run_job_until(settings, lambda: orders_done(settings.data_dir) >= counts["orders"],
                          f"commit {counts['orders']:,} orders")
     last_loading_batch = max((p["batch_id"] for p in loaded), default=-1)
-    progress = [p for p in read_rows(settings.data_dir, "progress") if p["batch_id"] > last_loading_batch]
-    figures = sustained(progress)
+    figures = job_figures([p for p in read_rows(settings.data_dir, "progress") if p["batch_id"] > last_loading_batch],
+                          wall)
     figures["state_load_s"] = round(load_s, 1)
     # as the plain consumer counts them: a restart that lost the state would send every order to missing
     figures["enriched"], figures["missing"] = count(settings.data_dir, "enriched"), count(settings.data_dir, "missing_state")
-    figures["phases_ms"] = phase_means([{"numInputRows": p["num_input_rows"], "durationMs": p["duration_ms"]}
-                                        for p in progress])
-    figures["wall_s_including_start_up"] = wall
     return figures
 
 
@@ -229,11 +226,15 @@ def job_run(settings, orders: int, timeout_s: float = 3600) -> dict:
 
     wall = run_job_until(settings, lambda: orders_done(settings.data_dir) >= orders, f"commit {orders:,} orders",
                          timeout_s)
-    progress = read_rows(settings.data_dir, "progress")
+    return job_figures(read_rows(settings.data_dir, "progress"), wall)
+
+
+def job_figures(progress: list[dict], wall_s: float) -> dict:
+    """The sustained rate and mean phases of the job's progress rows, and its wall time."""
     figures = sustained(progress)
     figures["phases_ms"] = phase_means([{"numInputRows": p["num_input_rows"], "durationMs": p["duration_ms"]}
                                         for p in progress])
-    figures["wall_s_including_start_up"] = wall
+    figures["wall_s_including_start_up"] = wall_s
     return figures
 
 
