@@ -55,12 +55,13 @@ RESULTS = ROOT / "bench" / "results" / "throughput.json"
 
 
 def load_topics(url: str, topics: dict, tables: dict) -> dict:
+    """Publish each kind's table to its topic (``topics``: kind -> topic, in publishing order)."""
     client = make_client(url)
     counts = {}
     try:
-        for kind, stem in (("users", "users"), ("items", "items"), ("orders", "orders")):
+        for kind, topic in topics.items():
             started = time.perf_counter()
-            stats = publish_records(client, topics[kind], kind, table_records(tables[stem]))
+            stats = publish_records(client, topic, kind, table_records(tables[kind]))
             counts[kind] = stats.sent
             print(f"published {stats.sent:,} {kind} in {time.perf_counter() - started:.1f}s", flush=True)
     finally:
@@ -205,11 +206,7 @@ def job_with_state_loaded(settings, url: str, topic: str, tables: dict, counts: 
     load_s = run_job_until(settings, lambda: changelog_rows_read(settings.data_dir) >= changelogs,
                            f"read {changelogs:,} changelog messages")
     loaded = read_rows(settings.data_dir, "progress")
-    client = make_client(url)
-    try:
-        publish_records(client, topic, "orders", table_records(tables["orders"]))
-    finally:
-        client.close()
+    load_topics(url, {"orders": topic}, tables)
     wall = run_job_until(settings, lambda: orders_done(settings.data_dir) >= counts["orders"],
                          f"commit {counts['orders']:,} orders")
     last_loading_batch = max((p["batch_id"] for p in loaded), default=-1)
