@@ -1,7 +1,10 @@
-"""The query listener: publishes committed sink batches and records progress, tasks and replays.
+"""The query listener: publishes committed sink batches and records progress, tasks, replays and order shares.
 
 Spark calls ``onQueryProgress`` on the driver after a batch is in the commit log, so that is
-where staged sink files become visible. A publish failure is not the listener's to swallow:
+where staged sink files become visible. Order shares: when the changelogs alone have filled the
+batch cap for long enough that the orders get a share anyway, that is an event
+(``orders_share_started``), and so is its end (``orders_share_ended``, with the orders admitted
+meanwhile); :func:`decide_order_share` decides both from the progress rows. A publish failure is not the listener's to swallow:
 the writer latches it (pipeline/sinks.py) and the job stops on it with the path in one line. Task metrics come from Spark's REST API (the UI binds
 127.0.0.1) on a background thread, so the listener bus never waits on HTTP.
 """
@@ -14,11 +17,13 @@ import queue
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pyspark.sql.streaming import StreamingQueryListener
 
 from pipeline import metrics, store
+from pipeline.enrich.lookups import LOOKUPS
 from pipeline.metrics import MetricsStore
 from pipeline.errors import SinkError
 from pipeline.sinks import SinkWriter
@@ -51,6 +56,9 @@ class JobListener(ProgressListener):
         self.trigger_interval_ms = trigger_interval_ms
         self.on_batch = on_batch
         self.replays = _replay_state(store.data_dir)
+        self.share, missed = recover_order_share(store.data_dir)
+        for kind, message, details in missed:
+            store.event(kind, message, **details)
         self._tasks: queue.Queue = queue.Queue(maxsize=100)
         if ui_url:
             threading.Thread(target=self._fetch_tasks_forever, args=(ui_url.rstrip("/"), app_id),
@@ -68,6 +76,7 @@ class JobListener(ProgressListener):
                                              metrics.directory_size(self.checkpoint / "state"))
             self.store.append("progress", row)
             self._record_replays(row)
+            self._record_order_share(row)
             try:
                 self._tasks.put_nowait((batch_id, row["ts_ms"]))
             except queue.Full:
@@ -95,6 +104,11 @@ class JobListener(ProgressListener):
                 self.store.event("replay_finished", f"replay #{seq} of {topic['topic']} re-applied "
                                  f"{messages} messages", seq=seq, topic=topic["topic"],
                                  messages=messages, duration_ms=row["ts_ms"] - state["started"])
+
+    def _record_order_share(self, row: dict) -> None:
+        self.share, event = decide_order_share(self.share, row)
+        if event:
+            self.store.event(event[0], event[1], **event[2])
 
     def _fetch_tasks_forever(self, ui_url: str, app_id: str) -> None:
         base = f"{ui_url}/api/v1/applications/{app_id}"
@@ -157,3 +171,84 @@ def _replay_state(data_dir: Path) -> dict[int, dict]:
         if seq is not None:
             state.setdefault(seq, {})["started" if row["kind"] == "replay_started" else "finished"] = row["ts_ms"]
     return state
+
+
+# ---------------------------------------------------------------------------- order shares
+
+
+@dataclass(frozen=True)
+class OrderShare:
+    """A run of batches in which the orders got a share while the changelogs filled the cap."""
+
+    started_batch: int
+    last_batch: int  # the newest shared batch
+    held_for: int  # batches in a row the changelogs had filled the cap, as of the newest shared batch
+    batches: int  # shared batches so far
+    orders: int | None  # orders admitted in them (exact, counted where read); None if one was not counted
+
+
+def decide_order_share(share: OrderShare | None, row: dict) -> tuple[OrderShare | None, tuple[str, str, dict] | None]:
+    """The share run after one progress row, and the event to record, if any: ``(kind, message, details)``.
+
+    Pure; called once per batch in batch order. A run starts with the first batch whose orders got
+    a share anyway (``orders_shared``) and ends with the next batch that did not share: the
+    changelogs no longer fill the cap, or the orders are held back again. The orders admitted are
+    the exact ``rows`` of the topics read after the changelogs in the shared batches.
+    """
+    orders = _orders_rows(row)
+    if row.get("orders_shared"):
+        held_for = int(row.get("orders_held_for") or 0)
+        if share is None:
+            return OrderShare(row["batch_id"], row["batch_id"], held_for, 1, orders), (
+                "orders_share_started",
+                f"the changelogs filled the batch cap for {held_for} batches in a row: orders now get a share anyway "
+                f"(from batch {row['batch_id']})", {"batch_id": row["batch_id"], "held_for": held_for})
+        total = None if share.orders is None or orders is None else share.orders + orders
+        return replace(share, last_batch=row["batch_id"], held_for=held_for, batches=share.batches + 1, orders=total), None
+    if share is None:
+        return None, None
+    why = "orders are held back for the changelogs again" if row.get("orders_held") else "the changelogs no longer fill the batch cap"
+    counted = "an uncounted number of" if share.orders is None else f"{share.orders:,}"
+    return None, ("orders_share_ended",
+                  f"{why}: {counted} orders were admitted while they filled it (batches {share.started_batch}-"
+                  f"{share.last_batch}, {share.held_for} in a row at most)",
+                  {"started_batch": share.started_batch, "last_batch": share.last_batch, "batch_id": row["batch_id"],
+                   "batches": share.batches,
+                   "held_for": share.held_for, "orders": share.orders, "orders_held": bool(row.get("orders_held"))})
+
+
+def _orders_rows(row: dict) -> int | None:
+    """The messages read this batch from the topics read after the changelogs (the orders)."""
+    changelogs = {lookup.changelog for lookup in LOOKUPS}
+    rows = [topic.get("rows") for topic in row.get("topics") or [] if topic.get("topic") not in changelogs]
+    return None if any(value is None for value in rows) else sum(rows)
+
+
+def recover_order_share(data_dir: Path) -> tuple[OrderShare | None, list[tuple[str, str, dict]]]:
+    """The share run a previous process left open (its start event has no end event), rebuilt
+    from the progress rows since it started, and the events it did not get to record.
+
+    So a restart mid-share neither repeats the start event nor loses the orders counted before
+    it: the next progress row continues the run, or ends it with every shared batch counted. If
+    the run had already ended in a progress row whose event was lost, the end (and any later
+    start) is returned to be recorded now. A batch that ran twice (a restore) counts once. Only
+    the day files from the day before the start event on are read, once, at start-up.
+    """
+    started = None
+    for event in metrics.read_events(data_dir, ("orders_share_started", "orders_share_ended")):
+        started = event if event["kind"] == "orders_share_started" else None
+    first = (started or {}).get("details", {}).get("batch_id")
+    if not isinstance(first, int):
+        return None, []
+    since_ms = started["ts_ms"] - 86_400_000
+    rows = {row["batch_id"]: row for row in metrics.read_rows(data_dir, "progress", since_ms=since_ms)
+            if isinstance(row.get("batch_id"), int) and row["batch_id"] >= first}
+    share, missed = None, []
+    for batch_id in sorted(rows):
+        share, event = decide_order_share(share, rows[batch_id])
+        if event and (batch_id != first or event[0] != "orders_share_started"):
+            missed.append(event)
+    if not rows or not rows[min(rows)].get("orders_shared") or min(rows) != first:
+        # The batch it started with is gone (a restore, or the retention): keep the run open, uncounted.
+        return OrderShare(first, first, int(started["details"].get("held_for") or 0), 0, None), []
+    return share, missed

@@ -58,11 +58,15 @@ class MetricsStore:
         return row
 
 
-def read_rows(data_dir: Path, stream: str) -> list[dict]:
-    """All rows of a stream, oldest first, skipping a half-written last line."""
+def read_rows(data_dir: Path, stream: str, since_ms: int | None = None) -> list[dict]:
+    """All rows of a stream, oldest first, skipping a half-written last line; with ``since_ms``,
+    only the day files from that day on (rows of that day before it included)."""
     rows = []
     folder = store.metrics_dir(data_dir, stream)
+    first_day = None if since_ms is None else datetime.fromtimestamp(since_ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d")
     for path in sorted(folder.glob("*.jsonl")) if folder.exists() else []:
+        if first_day is not None and path.stem < first_day:
+            continue
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
                 rows.append(json.loads(line))
@@ -89,7 +93,9 @@ def topic_rows(start: dict, end: dict, latest: dict, counted: dict | None = None
     counted. ``end_position``, ``latest_position`` and ``backlog`` come from the source's offsets,
     which count entries (an unbatched message is one; a producer's batch is one): the driver plans
     without reading messages, so entries are what it knows. Apache Pulsar's own backlog counts
-    entries too, unless its precise backlog is turned on.
+    entries too, unless its precise backlog is turned on. ``admitted_messages`` and
+    ``admitted_bytes`` are what the planner admitted, as it estimated them before reading (the
+    end offset's ``admitted``); None when the offset does not say (a checkpoint from before it did).
     """
     result = []
     for topic, end_topic in end.items():
@@ -99,6 +105,7 @@ def topic_rows(start: dict, end: dict, latest: dict, counted: dict | None = None
         topic_counts = (counted or {}).get(topic) or {}
         partitions, total, end_pos, latest_pos = [], 0, 0, 0
         latest_known = latest_topic.get("gen") == end_topic["gen"]
+        admitted = end_topic.get("admitted") or {}
         for p, part in sorted(end_topic["parts"].items()):
             begin = start_topic.get("parts", {}).get(p, {}).get("n", 0) if same_gen else 0
             entries = part["n"] - begin
@@ -113,9 +120,31 @@ def topic_rows(start: dict, end: dict, latest: dict, counted: dict | None = None
             "latest_position": latest_pos if latest_known else None,
             "backlog": max(0, latest_pos - end_pos) if latest_known else None,
             "replaying": bool(end_topic.get("target")) and not replay_finished(end_topic),
+            "admitted_messages": _count(admitted.get("messages")), "admitted_bytes": _count(admitted.get("bytes")),
             "partitions": partitions,
         })
     return result
+
+
+def orders_admission(end: dict) -> dict:
+    """Whether the batch held the orders back for the changelogs, from its end offset.
+
+    The planner admits the topics read after the changelogs (the orders) only once every changelog
+    partition is admitted up to its newest entry; their offsets carry ``held_for`` (batches in a row,
+    this one included, that the changelogs alone filled the cap; absent = 0) and ``shared`` (the
+    orders got a share anyway, as ``held_for`` passed ``job.orders_share_after``; absent = false).
+    ``{"orders_held": True, "orders_shared": False, "orders_held_for": 3}``
+    """
+    changelogs = {lookup.changelog for lookup in LOOKUPS}
+    after = [topic for name, topic in end.items() if name not in changelogs]
+    held_for = max((_count(topic.get("held_for")) or 0 for topic in after), default=0)
+    shared = held_for > 0 and any(topic.get("shared") is True for topic in after)
+    return {"orders_held": held_for > 0 and not shared, "orders_shared": shared, "orders_held_for": held_for}
+
+
+def _count(value) -> int | None:
+    """A non-negative integer the offsets state, or None when they do not (or state nonsense)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def build_progress_row(progress: dict, trigger_interval_ms: int, sink_rows: dict | None,
@@ -123,8 +152,9 @@ def build_progress_row(progress: dict, trigger_interval_ms: int, sink_rows: dict
     """Our ``progress`` row from Spark's StreamingQueryProgress JSON (see the module docstring)."""
     ts = int(datetime.strptime(progress["timestamp"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp() * 1000)
     source = (progress.get("sources") or [{}])[0]
-    topics = topic_rows(_offset(source.get("startOffset")), _offset(source.get("endOffset")),
-                        _offset(source.get("latestOffset")), rows_from_progress(progress))
+    end = _offset(source.get("endOffset"))
+    topics = topic_rows(_offset(source.get("startOffset")), end, _offset(source.get("latestOffset")),
+                        rows_from_progress(progress))
     # Spark lists state operators from the top of the plan down (a pre-order walk), so the
     # last stage comes first: the item lookup, then the user lookup (operator ids 0 and 1).
     operators = list(reversed(progress.get("stateOperators") or []))
@@ -141,7 +171,7 @@ def build_progress_row(progress: dict, trigger_interval_ms: int, sink_rows: dict
         "input_rows_per_second": _finite(progress.get("inputRowsPerSecond")),
         "processed_rows_per_second": _finite(progress.get("processedRowsPerSecond")),
         "trigger_interval_ms": trigger_interval_ms, "batch_duration_ms": progress.get("batchDuration", 0),
-        "duration_ms": progress.get("durationMs") or {}, "topics": topics, "state": state,
+        "duration_ms": progress.get("durationMs") or {}, "topics": topics, **orders_admission(end), "state": state,
         "sink_rows": sink_rows or {"enriched": 0, "missing_state": 0, "dead_letter": 0},
         "state_size_bytes": state_size_bytes,
     }
