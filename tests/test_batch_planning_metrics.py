@@ -227,7 +227,7 @@ def test_the_listener_records_rows_and_share_events_across_a_restart(tmp_path):
 
 def test_read_rows_since_skips_the_day_files_before_that_day(tmp_path):
     store, day = MetricsStore(tmp_path), 86_400_000
-    for ts_ms in (0, day + 5, 2 * day + 5):
+    for ts_ms in (1, day + 5, 2 * day + 5):  # (0 would mean "now" to append)
         store.append("progress", {"ts_ms": ts_ms, "batch_id": ts_ms})
     assert [row["ts_ms"] for row in metrics.read_rows(tmp_path, "progress", since_ms=day + 10)] == [day + 5, 2 * day + 5]
     assert len(metrics.read_rows(tmp_path, "progress")) == 3
