@@ -123,6 +123,19 @@ def _heap_size(raw: Any) -> str:
     return value
 
 
+_BYTES = re.compile(r"^\s*(\d+)\s*(b|kb|mb|gb)?\s*$")
+_BYTE_UNITS = {None: 1, "b": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30}
+
+
+def _byte_size(raw: Any) -> int:
+    """A size such as '128MB', '512kb' or a whole number of bytes, from 1 MB to 64 GB."""
+    match = _BYTES.match(str(raw).lower())
+    value = int(match[1]) * _BYTE_UNITS[match[2]] if match else 0
+    if not (1 << 20) <= value <= (64 << 30):
+        raise ValueError("a size from 1MB to 64GB such as '128MB' or '1GB'")
+    return value
+
+
 def _choice(*allowed: str) -> Callable[[Any], str]:
     def parse(raw: Any) -> str:
         value = str(raw).strip()
@@ -178,10 +191,15 @@ KEYS: tuple[Key, ...] = (
         "Heap of the Spark driver JVM, which collects each micro-batch for the sinks ('1g', '1536m')"),
     Key("spark.extra_java_options", None, _optional_text, "More JVM options for the Spark driver (after ours)"),
     Key("job.trigger_interval", "1s", _positive_duration, "Micro-batch trigger interval"),
-    # 500 entries: about 300k of our orders, up to 500k messages of full pulsar-client batches; the
-    # driver collects a batch for the sinks, in spark.driver_memory.
-    Key("job.max_rows_per_batch", 500, _int_at_least(1),
-        "Most broker entries in one micro-batch (an entry is one message, or one producer batch of them)"),
+    # The driver collects a batch for the sinks, in spark.driver_memory: 300k of our orders (about
+    # 70 MB as the source's rows) fit 1 GB with room to spare (bench/README.md, stop 24). Both caps
+    # are estimated at planning from what each partition's entries held (pipeline/source/planning.py).
+    Key("job.max_rows_per_batch", 300_000, _int_at_least(1),
+        "Most messages in one micro-batch, whatever the producers' batching (estimated; README \"Batches\")"),
+    Key("job.max_bytes_per_batch", "128MB", _byte_size,
+        "Most bytes of messages in one micro-batch ('128MB'; estimated like the message cap)"),
+    Key("job.orders_share_after", 10, _int_at_least(0, 1_000_000),
+        "Batches in a row the changelogs may fill alone before orders get a share anyway (0: at once)"),
     Key("job.start_from", "earliest", _choice("earliest", "latest"), "Where a fresh checkpoint starts reading every topic"),
     Key("job.restart.attempts", 5, _int_at_least(0), "Restarts from the last checkpoint before giving up"),
     Key("job.restart.delay", "10s", parse_duration, "Delay between restart attempts"),

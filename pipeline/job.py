@@ -117,13 +117,17 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
     topics = ",".join(f"{kind}={topic}" for kind, topic in settings.topics.items())
     max_rows = settings["job.max_rows_per_batch"]
     # About two read tasks per core for a full batch: each task opens a reader mid-topic, which costs
-    # far more than reading on (measured: 10k-row pieces took twice as long as 50k ones). Both
-    # counts are broker entries: the source plans without reading messages.
+    # far more than reading on (measured: 10k-row pieces took twice as long as 50k ones).
     split_rows = max(1, max_rows // (2 * shuffle_partitions(settings)))
     # The parse step runs in each read task (the source's ``transform``): rows leave Python once.
     source = (spark.readStream.format("pulsar").schema(rules.ENVELOPE_SPARK_SCHEMA)
               .option("service_url", service_url).option("topics", topics)
               .option("maxRowsPerBatch", max_rows).option("splitRows", split_rows)
+              .option("maxBytesPerBatch", settings["job.max_bytes_per_batch"])
+              # changelogs first: an order is decided with every changelog message published before it
+              .option("changelogs", ",".join(lookup.changelog for lookup in LOOKUPS))
+              .option("shareAfter", settings["job.orders_share_after"])
+              .option("statsDir", str(store.source_stats_dir(settings.data_dir)))
               .option("startingOffsets", settings["job.start_from"])
               .option("controlDir", str(store.replay_requests_dir(settings.data_dir)))
               .option("transform", "pipeline.enrich.parse:parse_batches"))

@@ -3,6 +3,7 @@
 ```
 <data_dir>/broker/                     embedded broker data, log, endpoint.json
 <data_dir>/checkpoint/                 Spark checkpoint of the running query (RocksDB state)
+<data_dir>/source-stats/               what each topic partition's entries held when last read (batch planning)
 <data_dir>/sinks/<name>/batch=<id>/    committed Parquet files, one folder per micro-batch
 <data_dir>/staging/<name>/batch=<id>/  files of a batch that Spark has not committed yet
 <data_dir>/metrics/<stream>/<day>.jsonl   append-only progress, tasks and events
@@ -53,6 +54,11 @@ def batch_folder(batch_id: int) -> str:
 
 def checkpoint_dir(data_dir: Path) -> Path:
     return Path(data_dir) / "checkpoint"
+
+
+def source_stats_dir(data_dir: Path) -> Path:
+    """What read tasks record of each partition's entries, for the source's batch caps."""
+    return Path(data_dir) / "source-stats"
 
 
 def metrics_dir(data_dir: Path, stream: str) -> Path:

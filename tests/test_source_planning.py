@@ -65,7 +65,8 @@ def no_reads_on_the_driver(monkeypatch):
 def test_planning_a_batch_reads_no_message_on_the_driver(broker, unique_topics, no_reads_on_the_driver):
     topics = unique_topics()
     publish_mixed(broker.service_url, topics["orders"])
-    reader = make_reader(broker.service_url, {"orders": topics["orders"]}, maxRowsPerBatch=2, splitRows=1)
+    # nothing was read yet, so each entry is priced at a full default batch (1,000 messages)
+    reader = make_reader(broker.service_url, {"orders": topics["orders"]}, maxRowsPerBatch=2000, splitRows=1)
     start = reader.initialOffset()
     first = reader.latestOffset(start, reader.getDefaultReadLimit())
     end = reader.latestOffset(first, reader.getDefaultReadLimit())

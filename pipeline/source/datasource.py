@@ -21,17 +21,24 @@ Options:
 
 - ``service_url`` (required): ``pulsar://host:6650``.
 - ``topics`` (required): ``users=persistent://public/default/users,orders=…``.
-- ``maxRowsPerBatch``: most broker *entries* in one micro-batch, shared fairly among
-  partitions. An unbatched message is one entry; a batching producer puts up to its batch
-  (pulsar-client's defaults: 1,000 messages or 128 KB) in one, so a batch can hold that many
-  times more messages than the bound: the driver plans from entry ids alone and cannot count
-  the messages inside an entry without reading it.
+- ``maxRowsPerBatch``: most *messages* in one micro-batch, whatever the producers' batching;
+  ``maxBytesPerBatch``: most bytes (the source's Arrow rows: payload, key, properties, ids). The
+  driver plans whole broker entries from their ids alone (an unbatched message is one entry, a
+  batching producer puts up to 1,000 in one), so both caps are estimates: each partition's
+  entries are priced from what its last range held when read (pipeline/source/planning.py).
+- ``changelogs``: kinds read first (``users,items``): a batch admits the other kinds only once
+  every partition of these is admitted up to the newest entry it had when the batch was planned,
+  and the others' newest entries are asked first. ``shareAfter`` (default 10): after that many
+  batches in a row that the changelogs filled while others waited, the others get a fair share.
+  A changelog being replayed shares fairly from the start.
+- ``statsDir``: a folder where read tasks record what each partition's entries hold, for the
+  estimates above (without it every batch is planned with the cold guess).
 - ``startingOffsets``: ``earliest`` (default), or JSON like ``{"orders": "latest"}``.
 - ``authToken``: a JWT for a Pulsar with token authentication (``pulsar.auth_token``); Spark
   redacts it from plans and its UI, as it does any option whose name says "token".
 - ``controlDir``: folder of replay requests (``<seq>.json`` with ``topic`` and ``from``).
-- ``splitRows``: a partition's entries in one batch are read as Spark partitions of about this
-  many entries (default 10,000), so one busy topic partition still keeps every core parsing.
+- ``splitRows``: a partition's share of one batch is read as Spark partitions of about this
+  many messages (default 10,000), so one busy topic partition still keeps every core parsing.
 - ``transform``: ``module:function`` run in each read task on its Arrow record batches (an
   iterator in, an iterator out), with ``transformArgs`` (a JSON object) as keyword arguments;
   declare what it yields with ``.schema(…)``. A parse step given here runs in the task that
@@ -42,7 +49,10 @@ Guarantees: offsets are per-partition message ids (ends on whole entries) with e
 positions, so any micro-batch is re-read exactly (no gap, no repeat) after a crash; a replay
 switches a topic to a new generation inside the offset itself, so it is deterministic across
 crashes too. Planning a batch reads no message: per partition, the driver asks the broker for
-its newest entry (one ``get_last_message_id``) and plans whole entries up to it.
+its newest entry (one ``get_last_message_id``) and plans whole entries up to it. Each topic's end
+offset also says what the batch admitted (``admitted``: entries, and messages and bytes as
+estimated) and, for kinds read after the changelogs, ``held_for`` and ``shared``
+(pipeline/source/planning.py).
 
 Example::
 
@@ -67,12 +77,13 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pipeline.errors import SourceError
 from pipeline.freed_memory import give_back_freed_memory
 from pipeline.source import offsets as off
-from pipeline.source import probes
+from pipeline.source import planning, probes
 from pipeline.source import reader as rd
 
 log = logging.getLogger(__name__)
 PARTITION_REFRESH_S = 10.0
-SPLIT_ROWS = 10_000  # a partition's entries in one batch are read (and parsed) in pieces of about this
+SPLIT_ROWS = 10_000  # a partition's messages in one batch are read (and parsed) in pieces of about this
+SHARE_AFTER = 10  # batches the changelogs may fill in a row before the other kinds get a share
 
 
 def parse_topics_option(text: str | None) -> dict[str, str]:
@@ -122,6 +133,20 @@ def load_transform(spec: str | None, args_json: str | None = None):
     return (lambda batches: function(batches, **args)) if args else function
 
 
+def _whole_number(options: dict, name: str, minimum: int = 1) -> int | None:
+    """A whole-number option (None when absent, empty or 0 for the caps), checked in one line."""
+    raw = options.get(name)
+    if raw in (None, "") or (raw in ("0", 0) and minimum > 0):
+        return None
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise SourceError(f"option {name!r} = {raw!r} is not a whole number") from None
+    if value < minimum:
+        raise SourceError(f"option {name!r} = {raw!r} must be >= {minimum}")
+    return value
+
+
 class PulsarPartition(InputPartition):
     def __init__(self, kind: str, topic: str, rng: off.Range):
         super().__init__((kind, topic))
@@ -136,14 +161,16 @@ class PulsarStreamReader(DataSourceStreamReader):
         if not self.service_url.startswith(("pulsar://", "pulsar+ssl://")):
             raise SourceError(f"option 'service_url' = {self.service_url!r} must be a pulsar:// URL")
         self.topics = parse_topics_option(options.get("topics"))
-        raw_max = options.get("maxRowsPerBatch")
-        try:
-            self.max_rows = int(raw_max) if raw_max not in (None, "", "0") else None
-        except ValueError:
-            raise SourceError(f"option 'maxRowsPerBatch' = {raw_max!r} is not a whole number") from None
-        if self.max_rows is not None and self.max_rows < 1:
-            raise SourceError(f"option 'maxRowsPerBatch' = {raw_max!r} must be >= 1")
-        self.split_rows = int(options.get("splitRows") or SPLIT_ROWS)
+        self.max_rows = _whole_number(options, "maxRowsPerBatch")
+        self.max_bytes = _whole_number(options, "maxBytesPerBatch")
+        self.split_rows = _whole_number(options, "splitRows") or SPLIT_ROWS
+        share_after = _whole_number(options, "shareAfter", minimum=0)
+        self.share_after = SHARE_AFTER if share_after is None else share_after
+        self.changelogs = {kind.strip() for kind in (options.get("changelogs") or "").split(",") if kind.strip()}
+        if self.changelogs - set(self.topics):
+            raise SourceError(f"option 'changelogs' names {sorted(self.changelogs - set(self.topics))}, "
+                              f"which are not in option 'topics' ({sorted(self.topics)})")
+        self.stats_dir = options.get("statsDir") or None
         self.starting = parse_starting_offsets(options.get("startingOffsets"), list(self.topics))
         self.control_dir = Path(options["controlDir"]) if options.get("controlDir") else None
         self.auth_token = options.get("authToken") or None
@@ -158,6 +185,8 @@ class PulsarStreamReader(DataSourceStreamReader):
         self._latest: dict[tuple[str, str], tuple[int, int, str]] = {}
         self._partitions: dict[str, list[str]] = {}
         self._partitions_at = 0.0
+        # (kind, partition) -> what one entry holds, as last planned with (read tasks' samples or a guess)
+        self._sizes: dict[tuple[str, str], planning.EntrySize] = {}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -188,31 +217,59 @@ class PulsarStreamReader(DataSourceStreamReader):
         return ReadMaxRows(self.max_rows) if self.max_rows else ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        """The end of the next batch: whole entries per partition within the caps, changelogs
+        first (pipeline/source/planning.py); ``start`` itself when there is nothing to read."""
         offset = off.with_partitions(start, self._topic_partitions())
         offset = self._apply_replay_requests(offset)
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        # Changelogs being replayed share fairly with the orders (README "Replay").
+        first = {kind for kind in self.changelogs if off.replay_finished(offset[kind])}
         available: dict[str, int] = {}
         firsts: dict[str, tuple[int, int]] = {}
-        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        for kind, topic_offset in offset.items():
+        newest_sizes: dict[str, int | None] = {}
+        # The others' newest entries are asked before the changelogs': every message a batch
+        # admits from them was published before the changelog entries it is planned with.
+        for kind in sorted(offset, key=lambda k: (k in first, k)):
+            topic_offset = offset[kind]
             if start.get(kind, {}).get("gen") != topic_offset["gen"]:
                 log.info("replay of %s generation %s starts at %s", kind, topic_offset["gen"], topic_offset["base"])
             for p, part in topic_offset["parts"].items():
-                last = probes.last_entry_id(self.service_url, self.topics[kind], p)
+                last, newest_sizes[f"{kind}\x00{p}"] = probes.newest_entry(self.service_url, self.topics[kind], p)
                 try:
-                    ledger, first, count = off.plan_entries(part["id"], last)
+                    ledger, first_entry, count = off.plan_entries(part["id"], last)
                 except ValueError as exc:
                     raise SourceError(f"{self.topics[kind]!r} partition {p}: {exc}") from None
                 key = f"{kind}\x00{p}"
-                available[key], firsts[key] = count, (ledger, first)
+                available[key], firsts[key] = count, (ledger, first_entry)
                 self._latest[(kind, p)] = (topic_offset["gen"], part["n"] + count, last or part["id"])
+        samples = planning.read_sizes(self.stats_dir)
+        sizes = {key: samples.get(tuple(key.split("\x00"))) or planning.cold_size(newest_sizes[key]) for key in available}
+        self._sizes.update({tuple(key.split("\x00")): size for key, size in sizes.items()})
+        held_for = max((offset[kind].get("held_for", 0) for kind in offset if kind not in self.changelogs), default=0)
+        if max_rows is None and self.max_bytes is None:
+            plan = planning.Plan(dict(available), 0, False)
+        else:
+            cost = {key: size.cost(max_rows, self.max_bytes) for key, size in sizes.items()}
+            plan = planning.plan_batch(available, cost, {key for key in available if key.split("\x00")[0] in first},
+                                       held_for, self.share_after)
+        if not any(plan.grants.values()):
+            return offset  # nothing to read: the same offset, so Spark runs no batch
         end = json.loads(json.dumps(offset))
-        for key, grant in off.allocate(available, max_rows).items():
+        admitted = {kind: {"entries": 0, "messages": 0, "bytes": 0} for kind in end}
+        for key, grant in plan.grants.items():
             if grant:
                 kind, p = key.split("\x00")
-                ledger, first = firsts[key]
+                ledger, first_entry = firsts[key]
                 part = end[kind]["parts"][p]
                 part["n"] += grant
-                part["id"] = off.entry_end(ledger, first + grant - 1, p)
+                part["id"] = off.entry_end(ledger, first_entry + grant - 1, p)
+                admitted[kind]["entries"] += grant
+                admitted[kind]["messages"] += round(grant * sizes[key].messages)
+                admitted[kind]["bytes"] += round(grant * sizes[key].bytes)
+        for kind, topic_end in end.items():
+            topic_end["admitted"] = admitted[kind]
+            if self.changelogs and kind not in self.changelogs:
+                topic_end["held_for"], topic_end["shared"] = plan.held_for, plan.shared
         return end
 
     def reportLatestOffset(self) -> dict | None:
@@ -252,8 +309,13 @@ class PulsarStreamReader(DataSourceStreamReader):
 
     def partitions(self, start: dict, end: dict):
         pieces = []
+        sizes = self._sizes or {}
+        if not sizes:  # a batch planned before a restart: what the read tasks recorded since
+            sizes = planning.read_sizes(self.stats_dir)
         for rng in off.ranges_between(start or {}, end):
-            pieces.extend(off.split_range(rng, off.entry_id_at(rng), self.split_rows))
+            per_entry = (sizes.get((rng.topic, rng.partition)) or planning.cold_size(None)).messages
+            split_entries = max(1, int(self.split_rows / max(per_entry, 1.0)))
+            pieces.extend(off.split_range(rng, off.entry_id_at(rng), split_entries))
         return [PulsarPartition(r.topic, self.topics[r.topic], r) for r in pieces]
 
     def commit(self, end: dict) -> None:
@@ -264,9 +326,18 @@ class PulsarStreamReader(DataSourceStreamReader):
 
     # ------------------------------------------------------------------ executor side
     def read(self, partition: PulsarPartition):
-        batches = rd.read_range(self.service_url, partition.topic, partition.kind, partition.rng)
+        read = [0, 0]  # messages, bytes: what this range's entries held, for the planner's estimates
+
+        def counted(batches):
+            for batch in batches:
+                read[0] += batch.num_rows
+                read[1] += batch.nbytes
+                yield batch
+        rng = partition.rng
+        batches = counted(rd.read_range(self.service_url, partition.topic, partition.kind, rng))
         transform = load_transform(self.transform, self.transform_args)
         yield from transform(batches) if transform else batches
+        planning.record_read(self.stats_dir, partition.kind, rng.partition, rng.count, *read)
         # The worker lives on and reads the next task: hand this one's messages back.
         give_back_freed_memory()
 

@@ -205,30 +205,6 @@ def split_range(rng: Range, id_at, chunk_rows: int) -> list[Range]:
             for (a_id, a_n), (b_id, b_n) in zip(bounds, bounds[1:])]
 
 
-def allocate(available: dict[str, int], limit: int | None) -> dict[str, int]:
-    """Share a limit of entries fairly among partitions with data (water-filling).
-
-    Every partition gets an equal share; what a small partition does not need goes to the
-    others. Orders keep flowing during a large changelog replay because of this.
-    """
-    if limit is None:
-        return dict(available)
-    grants = {key: 0 for key in available}
-    remaining = limit
-    hungry = [key for key, count in sorted(available.items()) if count > 0]
-    while remaining > 0 and hungry:
-        share = max(1, remaining // len(hungry))
-        for key in list(hungry):
-            take = min(share, available[key] - grants[key], remaining)
-            grants[key] += take
-            remaining -= take
-            if grants[key] >= available[key]:
-                hungry.remove(key)
-            if remaining == 0:
-                break
-    return grants
-
-
 def replay_finished(topic_offset: dict) -> bool:
     """Whether a replay generation has reached the newest message it had to re-read."""
     target = topic_offset.get("target") or {}

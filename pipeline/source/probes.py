@@ -1,7 +1,8 @@
 """What the driver asks of the broker about a topic partition, reading no message to plan a batch.
 
-- :func:`last_entry_id`: a partition's newest entry, all planning needs (pipeline/source/
-  datasource.py asks it per partition per batch, and for a replay's target and a ``latest`` start);
+- :func:`newest_entry`: a partition's newest entry (and its size when the id says it), all
+  planning needs (pipeline/source/datasource.py asks it per partition per batch);
+  :func:`last_entry_id` the entry alone, for a replay's target and a ``latest`` start;
 - :func:`find_position_before`: the message before a time, by scanning, once per replay request
   with a time (the one place the driver reads messages: pulsar-lite's seek is broken).
 
@@ -42,13 +43,20 @@ def find_position_before(service_url: str, topic: str, partition: str, time_ms: 
 
 
 def last_entry_id(service_url: str, topic: str, partition: str) -> str | None:
-    """``ledger:entry:partition:-1``, the newest entry of a partition (None when it is empty).
+    """``ledger:entry:partition:-1``, the newest entry of a partition (None when it is empty)."""
+    return newest_entry(service_url, topic, partition)[0]
+
+
+def newest_entry(service_url: str, topic: str, partition: str) -> tuple[str | None, int | None]:
+    """The newest entry of a partition as ``ledger:entry:partition:-1`` (None when it is empty),
+    and how many messages it holds when the broker's id says so (None when it does not).
 
     One ``get_last_message_id`` on a consumer with no receiver queue, so no message reaches
     the driver; the consumer is unsubscribed at once (the Python client has no non-durable
     subscriptions), leaving no cursor behind that would hold messages on Apache Pulsar. The
-    batch index is dropped on purpose: an end with -1 covers the whole entry, whatever number of
-    messages a producer batched into it.
+    batch index is dropped from the id on purpose: an end with -1 covers the whole entry,
+    whatever number of messages a producer batched into it. Apache Pulsar's id names the entry's
+    last message, so its batch index + 1 is the entry's size; pulsar-lite gives -1 for any entry.
     """
     client = pulsar_client(service_url)
     name = partition_topic(topic, partition)
@@ -59,12 +67,13 @@ def last_entry_id(service_url: str, topic: str, partition: str) -> str | None:
     try:
         mid = consumer.get_last_message_id()
     except Exception:  # pulsar-lite raises on an empty topic
-        return None
+        return None, None
     finally:
         try:
             consumer.unsubscribe()
         except Exception:  # the broker may refuse; closing is enough then
             consumer.close()
     if mid.entry_id() < 0 or mid.ledger_id() < 0:
-        return None
-    return f"{mid.ledger_id()}:{mid.entry_id()}:{int(partition)}:-1"
+        return None, None
+    size = mid.batch_index() + 1 if mid.batch_index() >= 0 else None
+    return f"{mid.ledger_id()}:{mid.entry_id()}:{int(partition)}:-1", size

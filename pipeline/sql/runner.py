@@ -124,7 +124,10 @@ def build_query(spark, settings: Settings, plan: Plan, name: str, service_url: s
     spark.dataSource.register(PulsarDataSource)
     topics = ",".join(f"{table.name}={table.topic}" for table in plan.sides)
     source = (spark.readStream.format("pulsar").option("service_url", service_url).option("topics", topics)
-              .option("maxRowsPerBatch", settings["job.max_rows_per_batch"]).option("startingOffsets", "earliest").load())
+              .option("maxRowsPerBatch", settings["job.max_rows_per_batch"])
+              .option("maxBytesPerBatch", settings["job.max_bytes_per_batch"])
+              .option("statsDir", str(store.sql_dir(settings.data_dir, name) / "source-stats"))
+              .option("startingOffsets", "earliest").load())
     # the source's offsets count broker entries; each batch's messages are counted here
     source = observe_rows(source, list_topic_partitions(service_url, {t.name: t.topic for t in plan.sides},
                                                         settings["pulsar.auth_token"]))
