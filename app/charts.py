@@ -138,6 +138,15 @@ def build_backlog_chart(backlog: pd.DataFrame) -> go.Figure:
     return _layout(figure, "Backlog per topic (broker entries not read yet)", "entries")
 
 
+def build_admitted_chart(admitted: pd.DataFrame, value: str, title: str, unit: str) -> go.Figure:
+    """What the planner admitted per topic and batch, stacked: ``batch_id, topic, <value>``."""
+    figure = go.Figure()
+    for topic, rows in admitted.groupby("topic", sort=True):
+        figure.add_bar(x=rows["batch_id"], y=rows[value], name=topic, marker_color=TOPIC_COLOURS.get(topic))
+    figure.update_layout(barmode="stack")
+    return _layout(figure, title, unit, x_title="batch id")
+
+
 def build_phase_chart(batches: pd.DataFrame, phases: list[str]) -> go.Figure:
     """Each batch's duration split by phase, stacked: ``batch_id`` and one column per phase."""
     figure = go.Figure()

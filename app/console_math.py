@@ -137,6 +137,38 @@ def _is_missing(value: Any) -> bool:
     return value is None or bool(pd.isna(value))
 
 
+# -------------------------------------------------------------- admission: changelogs first
+
+ADMISSION_DEFINITION = (
+    "Changelogs first: a batch admits orders only once every partition of the users and items "
+    "changelogs is admitted up to its newest entry as of planning. Held back: the changelogs alone "
+    "filled the batch cap, so the batch admitted no orders. Shared: they have filled it so many "
+    "batches in a row (more than job.orders_share_after) that orders get a share anyway. Messages "
+    "and bytes admitted are the planner's estimates (it reads no payload); rows are the messages "
+    "counted where they were read."
+)
+
+
+def describe_orders_admission(held: Any, shared: Any, held_for: Any) -> str:
+    """What the planner did with a batch's orders, in a few words: ``held back (3 in a row)``,
+    ``shared (12 in a row)``, ``admitted``, or ``–`` for a row from before the planner said."""
+    if _is_missing(held) or _is_missing(shared):
+        return "–"
+    in_a_row = "" if _is_missing(held_for) or not held_for else f" ({int(held_for)} in a row)"
+    if bool(shared):
+        return f"shared{in_a_row}"
+    if bool(held):
+        return f"held back{in_a_row}"
+    return "admitted"
+
+
+def sum_order_shares(orders: Sequence[Any]) -> tuple[int, bool]:
+    """Orders admitted while the changelogs filled the cap, over share runs: ``(total, complete)``;
+    ``complete`` is False when a run's count is unknown (that run is left out of the total)."""
+    known = [int(value) for value in orders if not _is_missing(value)]
+    return sum(known), len(known) == len(orders)
+
+
 # ------------------------------------------------------------------------- job status
 
 LIFECYCLE_KINDS = ("job_started", "restart", "job_failed", "job_stopped")

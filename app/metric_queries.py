@@ -16,7 +16,8 @@ from typing import Any
 import pandas as pd
 
 from app.console_math import LIFECYCLE_KINDS, compute_backlog
-from app.sources import DURATION_PHASES, Connection, metrics_relation, query_frame
+from app.sources import DURATION_PHASES, Connection, metrics_relation, query_frame, sql_text
+from pipeline.enrich.lookups import LOOKUPS
 
 
 def load_recent_tasks(connection: Connection, data_dir: Path, batches: int = 20) -> pd.DataFrame:
@@ -44,6 +45,12 @@ def load_partition_rows(connection: Connection, data_dir: Path, batches: int = 1
 # ----------------------------------------------------------------- batches (progress)
 
 _PHASE_COLUMNS = ", ".join(f'duration_ms."{phase}" AS "{phase}_ms"' for phase in DURATION_PHASES)
+# The messages a batch read from the topics read after the changelogs (the orders), exact;
+# NULL if one of them was not counted.
+_AFTER_CHANGELOGS = ("list_filter(topics, lambda t: NOT list_contains(["
+                     + ", ".join(sql_text(lookup.changelog) for lookup in LOOKUPS) + "], t.topic))")
+_ORDERS_ROWS = (f'CASE WHEN list_bool_or(list_transform({_AFTER_CHANGELOGS}, lambda t: t."rows" IS NULL)) THEN NULL '
+                f'ELSE CAST(coalesce(list_sum(list_transform({_AFTER_CHANGELOGS}, lambda t: t."rows")), 0) AS BIGINT) END')
 _ROCKSDB_COMMIT_MS = (
     "list_sum(list_transform(state, lambda s: coalesce(list_sum(list_transform(map_entries(s.custom), "
     "lambda e: CASE WHEN e.key LIKE 'rocksdbCommit%Latency%' THEN e.value ELSE 0.0 END)), 0.0)))"
@@ -58,13 +65,17 @@ def load_batches(connection: Connection, data_dir: Path, limit: int = 300) -> pd
     per duration phase, the state summed over operators (``state_rows, state_rows_updated,
     state_memory_bytes, state_commit_ms, rocksdb_commit_ms`` = the sum of the RocksDB commit
     phases ``rocksdbCommit*Latency*``: flush, compact, checkpoint, file sync), ``state_size_bytes``
-    and the rows each sink got.
+    and the rows each sink got; whether the planner held the orders back for the changelogs
+    (``orders_held``), gave them a share anyway (``orders_shared``), how many batches in a row the
+    changelogs had filled the cap (``orders_held_for``; all three NULL in rows from before the
+    planner said), and the orders read (``orders_rows``, exact).
     """
     sql = f"""
         SELECT * FROM (
             SELECT batch_id, ts_ms, epoch_ms(ts_ms) AS trigger_time, num_input_rows,
                    input_rows_per_second, processed_rows_per_second, trigger_interval_ms,
                    batch_duration_ms, {_PHASE_COLUMNS},
+                   orders_held, orders_shared, orders_held_for, {_ORDERS_ROWS} AS orders_rows,
                    CAST(list_sum(list_transform(state, lambda s: s.rows_total)) AS BIGINT) AS state_rows,
                    CAST(list_sum(list_transform(state, lambda s: s.rows_updated)) AS BIGINT) AS state_rows_updated,
                    CAST(list_sum(list_transform(state, lambda s: s.memory_bytes)) AS BIGINT) AS state_memory_bytes,
@@ -102,10 +113,12 @@ def load_lookup_state(connection: Connection, data_dir: Path) -> pd.DataFrame:
 
 
 def load_backlog(connection: Connection, data_dir: Path, limit: int = 300) -> pd.DataFrame:
-    """Per topic and batch over the newest ``limit`` batches: positions and the backlog.
+    """Per topic and batch over the newest ``limit`` batches: positions, the backlog and what the
+    planner admitted.
 
     Columns ``ts_ms, trigger_time, batch_id, topic, generation, rows, end_position,
-    latest_position, backlog`` (see :func:`app.console_math.compute_backlog`), oldest first.
+    latest_position, backlog`` (see :func:`app.console_math.compute_backlog`), ``admitted_messages,
+    admitted_bytes`` (the planner's estimates; NULL where its offsets did not say), oldest first.
     """
     sql = f"""
         WITH recent AS (SELECT ts_ms, batch_id, topics FROM {metrics_relation(data_dir, 'progress')}
@@ -113,7 +126,8 @@ def load_backlog(connection: Connection, data_dir: Path, limit: int = 300) -> pd
         per_topic AS (SELECT ts_ms, batch_id, unnest(topics) AS t FROM recent)
         SELECT ts_ms, epoch_ms(ts_ms) AS trigger_time, batch_id, t.topic AS topic,
                t.generation AS generation, t."rows" AS "rows", t.end_position AS end_position,
-               t.latest_position AS latest_position, t.backlog AS reported_backlog
+               t.latest_position AS latest_position, t.backlog AS reported_backlog,
+               t.admitted_messages AS admitted_messages, t.admitted_bytes AS admitted_bytes
         FROM per_topic ORDER BY ts_ms, topic"""
     frame = query_frame(connection, sql, {"limit": int(limit)})
     frame["backlog"] = pd.array(
@@ -248,4 +262,53 @@ def load_replays(connection: Connection, data_dir: Path) -> pd.DataFrame:
         FULL OUTER JOIN started s ON s.seq = r.seq
         FULL OUTER JOIN finished f ON f.seq = coalesce(r.seq, s.seq)
         ORDER BY seq DESC"""
+    return query_frame(connection, sql)
+
+
+def load_order_shares(connection: Connection, data_dir: Path) -> pd.DataFrame:
+    """One row per run of batches in which the orders got a share while the changelogs filled the
+    batch cap, newest first, from its ``orders_share_started`` / ``orders_share_ended`` events.
+
+    Columns: ``started_batch, started_at, ended_at, last_batch, batches, held_for, orders,
+    open``. ``orders`` are the orders admitted in the run's batches (exact): the end event's
+    count, or for the run still open, the orders read so far in the shared batches since its
+    first (each batch once). NULL when a batch was not counted. ``held_for``: the most batches
+    in a row the changelogs filled the cap.
+    """
+    events, progress = metrics_relation(data_dir, "events"), metrics_relation(data_dir, "progress")
+    sql = f"""
+        WITH started AS (
+            SELECT ts_ms, CAST(details->>'$.batch_id' AS BIGINT) AS started_batch,
+                   CAST(details->>'$.held_for' AS BIGINT) AS held_for
+            FROM {events} WHERE kind = 'orders_share_started'),
+        ended AS (
+            SELECT ts_ms, CAST(details->>'$.started_batch' AS BIGINT) AS started_batch,
+                   CAST(details->>'$.last_batch' AS BIGINT) AS last_batch, CAST(details->>'$.batches' AS BIGINT) AS batches,
+                   CAST(details->>'$.held_for' AS BIGINT) AS held_for, CAST(details->>'$.orders' AS BIGINT) AS orders
+            FROM {events} WHERE kind = 'orders_share_ended'),
+        runs AS (
+            SELECT s.ts_ms, s.started_batch, s.held_for AS held_at_start, e.ts_ms AS ended_ms, e.last_batch,
+                   e.batches, e.held_for, e.orders
+            FROM started s LEFT JOIN ended e ON e.started_batch = s.started_batch AND e.ts_ms >= s.ts_ms
+            QUALIFY row_number() OVER (PARTITION BY s.ts_ms, s.started_batch ORDER BY e.ts_ms NULLS LAST) = 1),
+        open_run AS (SELECT * FROM runs WHERE ended_ms IS NULL ORDER BY ts_ms DESC LIMIT 1),
+        -- the open run's batches: from its first batch's progress row (the newest one before the start event) on
+        since AS (SELECT max(p.ts_ms) AS from_ms FROM {progress} p, open_run r
+                  WHERE p.batch_id = r.started_batch AND p.ts_ms <= r.ts_ms),
+        shared AS (SELECT p.batch_id, arg_max(p.orders_shared, p.ts_ms) AS orders_shared,
+                          arg_max(p.orders_held_for, p.ts_ms) AS held_for, arg_max({_ORDERS_ROWS}, p.ts_ms) AS orders
+                   FROM {progress} p, open_run r, since
+                   WHERE p.batch_id >= r.started_batch AND p.ts_ms >= since.from_ms GROUP BY p.batch_id),
+        so_far AS (SELECT max(batch_id) AS last_batch, count(*) AS batches, max(held_for) AS held_for,
+                          CASE WHEN count(*) = count(orders) THEN sum(orders) END AS orders
+                   FROM shared WHERE orders_shared)
+        SELECT r.started_batch, epoch_ms(r.ts_ms) AS started_at,
+               CASE WHEN r.ended_ms IS NOT NULL THEN epoch_ms(r.ended_ms) END AS ended_at,
+               CAST(coalesce(r.last_batch, f.last_batch) AS BIGINT) AS last_batch,
+               CAST(coalesce(r.batches, f.batches) AS BIGINT) AS batches,
+               CAST(coalesce(r.held_for, f.held_for, r.held_at_start) AS BIGINT) AS held_for,
+               CAST(CASE WHEN r.ended_ms IS NOT NULL THEN r.orders ELSE f.orders END AS BIGINT) AS orders,
+               r.ended_ms IS NULL AS open
+        FROM runs r LEFT JOIN so_far f ON r.ended_ms IS NULL AND r.ts_ms = (SELECT ts_ms FROM open_run)
+        ORDER BY r.ts_ms DESC"""
     return query_frame(connection, sql)

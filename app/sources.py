@@ -53,7 +53,8 @@ SINK_COLUMNS: dict[str, dict[str, str]] = {
 _PARTITIONS = 'STRUCT("partition" BIGINT, "rows" BIGINT)[]'
 _TOPIC = (
     'STRUCT(topic VARCHAR, generation BIGINT, "rows" BIGINT, end_position BIGINT, '
-    f"latest_position BIGINT, backlog BIGINT, partitions {_PARTITIONS})"
+    "latest_position BIGINT, backlog BIGINT, admitted_messages BIGINT, admitted_bytes BIGINT, "
+    f"partitions {_PARTITIONS})"
 )
 _STATE = (
     "STRUCT(operator VARCHAR, rows_total BIGINT, rows_updated BIGINT, memory_bytes BIGINT, "
@@ -71,6 +72,8 @@ METRIC_COLUMNS: dict[str, dict[str, str]] = {
         "batch_duration_ms": "BIGINT",
         "duration_ms": "STRUCT(" + ", ".join(f'"{phase}" BIGINT' for phase in DURATION_PHASES) + ")",
         "topics": f"{_TOPIC}[]",
+        # Whether the planner held the orders back for the changelogs (NULL in rows from before it said).
+        "orders_held": "BOOLEAN", "orders_shared": "BOOLEAN", "orders_held_for": "BIGINT",
         "state": f"{_STATE}[]",
         "sink_rows": "STRUCT(enriched BIGINT, missing_state BIGINT, dead_letter BIGINT)",
         "state_size_bytes": "BIGINT",

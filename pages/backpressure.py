@@ -1,5 +1,6 @@
 """Backpressure: whether the job keeps up — input vs processing rate, batch duration vs trigger
-interval, and the backlog of unread broker entries per topic."""
+interval, the backlog of unread broker entries per topic, and what each batch admitted (changelogs
+first: were the orders held back, and how many got a share while the changelogs filled the cap)."""
 
 import streamlit as st
 
@@ -56,9 +57,12 @@ def render_backpressure() -> None:
 
     st.subheader("Newest batches")
     recent = batches.iloc[::-1].head(TABLE_BATCHES)
+    recent = recent.assign(orders_admission=[console_math.describe_orders_admission(*flags) for flags in zip(
+        recent["orders_held"], recent["orders_shared"], recent["orders_held_for"])])
     views.render_table(
         recent[["batch_id", "trigger_time", "level", "backpressure_ratio", "batch_duration_ms", "trigger_interval_ms",
-                "num_input_rows", "input_rows_per_second", "processed_rows_per_second"]],
+                "num_input_rows", "input_rows_per_second", "processed_rows_per_second", "orders_admission",
+                "orders_rows"]],
         column_config={
             "batch_id": st.column_config.NumberColumn("batch", format="%d"),
             "trigger_time": st.column_config.DatetimeColumn("trigger time (UTC)", format="YYYY-MM-DD HH:mm:ss.SSS"),
@@ -68,8 +72,61 @@ def render_backpressure() -> None:
             "num_input_rows": st.column_config.NumberColumn("rows"),
             "input_rows_per_second": st.column_config.NumberColumn("input rows/s", format="%.1f"),
             "processed_rows_per_second": st.column_config.NumberColumn("processed rows/s", format="%.1f"),
+            "orders_admission": st.column_config.TextColumn("orders", help=console_math.ADMISSION_DEFINITION),
+            "orders_rows": st.column_config.NumberColumn("orders read"),
         },
     )
+    render_admission(batches, backlog)
+
+
+def render_admission(batches, backlog) -> None:
+    """Changelogs first: what the planner admitted per topic and batch, the batches that held the
+    orders back, and the orders admitted while the changelogs filled the cap (share events)."""
+    st.subheader("Admission: changelogs first")
+    st.caption(console_math.ADMISSION_DEFINITION)
+    shares = fetch(metric_queries.load_order_shares, data_dir=data_dir)
+    latest = batches.iloc[-1]
+    held = batches["orders_held"].fillna(False).astype(bool)
+    shared_orders, complete = console_math.sum_order_shares(shares["orders"].tolist())
+    sharing = shares[shares["open"]]
+    views.render_metric_cards([
+        views.MetricCard("Orders in the newest batch", console_math.describe_orders_admission(
+            latest["orders_held"], latest["orders_shared"], latest["orders_held_for"]),
+            help=f"Batch {int(latest['batch_id'])}. " + console_math.ADMISSION_DEFINITION),
+        views.MetricCard("Batches that held orders back", f"{int(held.sum())} / {len(batches)}",
+                         help=f"Of the newest {len(batches)} batches: the changelogs alone filled the cap and "
+                              "no order was admitted."),
+        views.MetricCard("Orders admitted while the changelogs filled the cap",
+                         views.format_count(shared_orders) + ("" if complete else " +"),
+                         None if sharing.empty else f"sharing since batch {int(sharing['started_batch'].iloc[0])}",
+                         help=f"Over {len(shares)} share runs (orders_share_started / orders_share_ended events); "
+                              "exact counts of the orders read in the shared batches, the open run's so far."
+                              + ("" if complete else " A run whose batches were not all counted is left out.")),
+    ])
+    admitted = backlog.dropna(subset=["admitted_messages"])
+    if admitted.empty:
+        st.caption("No batch recorded what its planner admitted yet (the job's source predates it).")
+    else:
+        messages_column, bytes_column = st.columns(2)
+        messages_column.plotly_chart(charts.build_admitted_chart(
+            admitted, "admitted_messages", "Messages admitted per batch (estimated)", "messages"), key="admitted_messages")
+        bytes_column.plotly_chart(charts.build_admitted_chart(
+            admitted.dropna(subset=["admitted_bytes"]), "admitted_bytes", "Bytes admitted per batch (estimated)", "bytes"),
+            key="admitted_bytes")
+    if not shares.empty:
+        views.render_table(
+            shares[["started_batch", "started_at", "ended_at", "last_batch", "batches", "held_for", "orders"]],
+            column_config={
+                "started_batch": st.column_config.NumberColumn("from batch", format="%d"),
+                "started_at": st.column_config.DatetimeColumn("started (UTC)", format="YYYY-MM-DD HH:mm:ss"),
+                "ended_at": st.column_config.DatetimeColumn("ended (UTC)", format="YYYY-MM-DD HH:mm:ss"),
+                "last_batch": st.column_config.NumberColumn("to batch", format="%d"),
+                "batches": st.column_config.NumberColumn("shared batches"),
+                "held_for": st.column_config.NumberColumn("filled in a row (most)"),
+                "orders": st.column_config.NumberColumn("orders admitted"),
+            },
+            placeholder="–",
+        )
 
 
 def render_watermarks() -> None:

@@ -12,7 +12,10 @@ millions (bench/bench_console.py).
 The story the data tells: the job started, ran ``batches`` micro-batches one trigger
 interval apart up to ``now_ms``, restarted once (attempt 1/5), took a savepoint, replayed
 the items topic (finished), started a replay of the users topic (still running), and
-re-drove a few missing orders, some of which then got enriched.
+re-drove a few missing orders, some of which then got enriched. Early on a burst of user
+updates filled the batch cap: one batch held the orders back, the next two gave them a share
+anyway (``job.orders_share_after`` = 1), with their start and end events. Each topic of each
+batch says what the planner admitted (messages and bytes, as it estimated them).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ TS = pa.timestamp("us", tz="UTC")
 ORDERS_TOPIC = "persistent://public/default/orders"
 USERS_TOPIC = "persistent://public/default/users"
 STAGES = ("user_lookup", "item_lookup")
+MESSAGE_BYTES = {"orders": 310, "users": 240, "items": 190}  # the planner's price of a message, per topic
 REASONS = np.array(["user", "item", "user_and_item"])
 CATEGORIES = np.array(["books", "garden", "toys", "kitchen", "music", "sports"])
 NAMES = np.array(["Ada", "Grace", "Linus", "Barbara", "Ken", "Margaret", "Dennis", "Frances"])
@@ -75,6 +79,7 @@ class FixtureSummary:
     missing_rows: int = 0
     dead_letter_rows: int = 0
     missing_example: dict = field(default_factory=dict)
+    shared_orders: int = 0  # orders admitted while the changelogs filled the cap
     redriven_message_ids: list[str] = field(default_factory=list)
 
 
@@ -110,6 +115,8 @@ def write_data_dir(
     replay_items = (batches * 3 // 5, batches * 3 // 5 + max(2, batches // 10))
     replay_users_start = batches - max(3, batches // 10)
     marks: dict[str, int] = {}  # the items replay's last position, for its events
+    # users fill the cap: the 1st batch holds the orders back, the 2nd and 3rd share (share_after = 1)
+    burst = range(batches // 5, batches // 5 + 3)
     generations: dict[str, int] = {}
 
     for batch in range(batches):
@@ -217,6 +224,9 @@ def write_data_dir(
             changelog_rows["items"] += items // (replay_items[1] - replay_items[0])
         if batch >= replay_users_start:
             changelog_rows["users"] += max(1, users // 20)
+        held_for = batch - burst.start + 1 if batch in burst else 0
+        if held_for:
+            changelog_rows["users"] += users // 5
         backlog_orders = int(n * (3 if slow else 0.2))
         # A replay is a new generation numbered by its seq; positions count from 0 within it.
         if batch == replay_items[0]:
@@ -224,7 +234,13 @@ def write_data_dir(
         if batch == replay_users_start:
             generations["users"], positions["users"] = 2, 0
         topics = []
+        orders_read = 0 if held_for == 1 else n  # a held batch reads no order (its sink rows stand for orders read before)
+        if held_for > 1:
+            summary.shared_orders += n
         for topic, rows in (("orders", n), ("users", changelog_rows["users"]), ("items", changelog_rows["items"])):
+            partitions_read = _split(rows, partitions if topic == "orders" else 1, rng)
+            if topic == "orders" and orders_read != n:
+                rows, partitions_read = orders_read, [{**part, "rows": 0} for part in partitions_read]
             positions[topic] += rows
             backlog = backlog_orders if topic == "orders" else 0
             latest = positions[topic] + backlog
@@ -238,7 +254,9 @@ def write_data_dir(
                 "backlog": None if latest is None or topic == "items" else latest - positions[topic],
                 "replaying": topic == "users" and batch >= replay_users_start
                              or topic == "items" and replay_items[0] <= batch < replay_items[1] - 1,
-                "partitions": _split(rows, partitions if topic == "orders" else 1, rng),
+                # the planner's estimates: a little off the messages read, priced per topic
+                "admitted_messages": rows + rows // 20, "admitted_bytes": (rows + rows // 20) * MESSAGE_BYTES[topic],
+                "partitions": partitions_read,
             })
         if batch == replay_items[1] - 1:
             marks["items_end"] = positions["items"]
@@ -258,13 +276,14 @@ def write_data_dir(
         ]
         progress.append({
             "ts": _iso(ts_ms), "ts_ms": ts_ms, "query_id": "3f1c0a6e-query", "run_id": "run-1" if batch < restart_batch else "run-2",
-            "batch_id": batch, "num_input_rows": n + changelog_rows["users"] + changelog_rows["items"],
+            "batch_id": batch, "num_input_rows": orders_read + changelog_rows["users"] + changelog_rows["items"],
             "input_rows_per_second": round(n / (trigger_interval_ms / 1000), 2),
             "processed_rows_per_second": round(n / (duration_ms / 1000), 2),
             "trigger_interval_ms": trigger_interval_ms, "batch_duration_ms": duration_ms,
             "duration_ms": {"latestOffset": 3, "getBatch": 1, "queryPlanning": 12, "addBatch": duration_ms - 40,
                             "walCommit": 9, "commitOffsets": 8, "triggerExecution": duration_ms},
-            "topics": topics, "state": state,
+            "topics": topics, "orders_held": held_for == 1, "orders_shared": held_for > 1, "orders_held_for": held_for,
+            "state": state,
             "sink_rows": {"enriched": k, "missing_state": j, "dead_letter": i},
             "state_size_bytes": sum(row["custom"]["rocksdbSstFileSize"] for row in state),
         })
@@ -278,6 +297,16 @@ def write_data_dir(
                               "task": task, "records": share["rows"], "duration_ms": 5 + share["rows"] // 4})
 
     events = _story_events(first_ts, trigger_interval_ms, restart_batch, savepoint_batch, replay_items, replay_users_start, marks)
+    share_ts = first_ts + (burst.start + 1) * trigger_interval_ms
+    events += [
+        _event(share_ts + 300, "orders_share_started", f"the changelogs filled the batch cap for 2 batches in a row: "
+               f"orders now get a share anyway (from batch {burst.start + 1})", {"batch_id": burst.start + 1, "held_for": 2}),
+        _event(share_ts + 2 * trigger_interval_ms + 300, "orders_share_ended",
+               f"the changelogs no longer fill the batch cap: {summary.shared_orders} orders were admitted while they "
+               f"filled it (batches {burst.start + 1}-{burst.stop - 1}, 3 in a row at most)",
+               {"started_batch": burst.start + 1, "last_batch": burst.stop - 1, "batch_id": burst.stop, "batches": 2,
+                "held_for": 3, "orders": summary.shared_orders, "orders_held": False}),
+    ]
     _write_jsonl(data_dir, "progress", progress, half_written_tail='{"ts": "2026-')
     _write_jsonl(data_dir, "tasks", tasks)
     _write_jsonl(data_dir, "events", events)

@@ -265,6 +265,66 @@ def test_backpressure_page_levels(open_page, fixture_data):
     assert "Backpressure ratio of a batch" in _texts(app.info)
 
 
+def test_backpressure_page_shows_what_each_batch_admitted_and_the_orders_shared(open_page, fixture_data):
+    app = open_page("backpressure.py", fixture_data.data_dir)
+    progress = read_metrics(fixture_data.data_dir, "progress")
+    shown = _metrics(app)
+    assert shown["Orders in the newest batch"] == "admitted"
+    assert shown["Batches that held orders back"] == f"{sum(row['orders_held'] for row in progress)} / {len(progress)}" == "1 / 30"
+    assert shown["Orders admitted while the changelogs filled the cap"] == format_count(fixture_data.shared_orders)
+    table = app.dataframe[0].value.set_index("batch_id")
+    for row in progress[-30:]:
+        expected = console_math.describe_orders_admission(row["orders_held"], row["orders_shared"], row["orders_held_for"])
+        assert table.loc[row["batch_id"], "orders_admission"] == expected
+    held = next(row for row in progress if row["orders_held"])
+    assert table.loc[held["batch_id"], "orders_admission"] == "held back (1 in a row)"
+    assert table.loc[held["batch_id"], "orders_rows"] == 0
+    runs = app.dataframe[1].value
+    assert runs[["batches", "held_for", "orders"]].values.tolist() == [[2, 3, fixture_data.shared_orders]]
+    charts = {chart.proto.spec for chart in app.get("plotly_chart")}
+    for title in ("Messages admitted per batch (estimated)", "Bytes admitted per batch (estimated)"):
+        assert any(title in spec for spec in charts), title
+    messages = next(__import__("json").loads(spec) for spec in charts if "Messages admitted per batch" in spec)
+    newest = {trace["name"]: trace["y"] for trace in messages["data"]}
+    assert {topic: _plotly_values(ys)[-1] for topic, ys in newest.items()} == {
+        t["topic"]: t["admitted_messages"] for t in progress[-1]["topics"]}
+    assert "Changelogs first" in _texts(app.caption)
+
+
+def _plotly_values(values) -> list:
+    """A plotly trace's values, whether plain or as plotly's typed-array encoding."""
+    if isinstance(values, dict) and "bdata" in values:
+        import base64
+
+        import numpy as np
+
+        return np.frombuffer(base64.b64decode(values["bdata"]), dtype=values["dtype"]).tolist()
+    return list(values)
+
+
+def test_backpressure_page_reads_progress_rows_from_before_the_planner_said(open_page, fixture_data, tmp_path):
+    """Rows without the admission fields (an older job): no admission figures, nothing invented."""
+    import json
+
+    data_dir = tmp_path / "data"
+    folder = store.metrics_dir(data_dir, "progress")
+    folder.mkdir(parents=True)
+    old = []
+    for row in read_metrics(fixture_data.data_dir, "progress"):
+        row = {k: v for k, v in row.items() if not k.startswith("orders_")}
+        row["topics"] = [{k: v for k, v in t.items() if not k.startswith("admitted_")} for t in row["topics"]]
+        old.append(json.dumps(row))
+    (folder / "2026-11-22.jsonl").write_text("\n".join(old) + "\n")
+    app = open_page("backpressure.py", data_dir)
+    shown = _metrics(app)
+    assert shown["Orders in the newest batch"] == "–"
+    assert shown["Batches that held orders back"] == "0 / 30"
+    assert shown["Orders admitted while the changelogs filled the cap"] == "0"
+    assert set(app.dataframe[0].value["orders_admission"]) == {"–"}
+    assert len(app.dataframe) == 1  # no share runs
+    assert "No batch recorded what its planner admitted yet" in _texts(app.caption)
+
+
 def test_checkpoints_page_history_restarts_and_savepoints(open_page, fixture_data, control):
     app = open_page("checkpoints.py", fixture_data.data_dir)
     progress = read_metrics(fixture_data.data_dir, "progress")

@@ -215,3 +215,23 @@ def test_token_check():
     assert cm.token_matches("s3cret", "s3cret")
     assert not cm.token_matches("s3cret", "s3cre")
     assert not cm.token_matches("s3cret", None)
+
+
+# ------------------------------------------------------------ admission: changelogs first
+
+@pytest.mark.parametrize(("held", "shared", "held_for", "expected"), [
+    (True, False, 3, "held back (3 in a row)"),
+    (False, True, 12, "shared (12 in a row)"),
+    (False, False, 0, "admitted"),
+    (None, None, None, "–"),                  # a progress row from before the planner said
+    (pd.NA, pd.NA, pd.NA, "–"),
+    (True, False, None, "held back"),
+])
+def test_orders_admission_in_a_few_words(held, shared, held_for, expected):
+    assert cm.describe_orders_admission(held, shared, held_for) == expected
+
+
+def test_orders_shared_sum_the_known_runs_and_say_when_one_is_unknown():
+    assert cm.sum_order_shares([80, 120]) == (200, True)
+    assert cm.sum_order_shares([80, None, float("nan")]) == (80, False)
+    assert cm.sum_order_shares([]) == (0, True)

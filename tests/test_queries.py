@@ -54,6 +54,7 @@ EMPTY_CALLS = {
     "load_latest_lifecycle_event": {},
     "load_event_counts": {},
     "load_replays": {},
+    "load_order_shares": {},
     "load_watermarks": {},
     "load_partition_watermarks": {},
 }
@@ -361,3 +362,68 @@ def test_lookup_state_is_the_newest_census_per_lookup(connection, tmp_path):
     state = metric_queries.load_lookup_state(connection, tmp_path).set_index("lookup")
     assert state.loc["users", ["batch_id", "keys_held", "waiting_keys", "waiting_orders"]].tolist() == [7, 12, 2, 6]
     assert state.loc["items", ["keys_held", "waiting_orders"]].tolist() == [12, 0]
+
+
+# ------------------------------------------------------------ admission: changelogs first
+
+def test_batches_and_backlog_carry_what_the_planner_admitted(connection, fixture_data):
+    progress = read_metrics(fixture_data.data_dir, "progress")
+    batches = metric_queries.load_batches(connection, fixture_data.data_dir, limit=1000)
+    assert batches["orders_held"].tolist() == [row["orders_held"] for row in progress]
+    assert batches["orders_shared"].tolist() == [row["orders_shared"] for row in progress]
+    assert batches["orders_held_for"].tolist() == [row["orders_held_for"] for row in progress]
+    assert batches["orders_rows"].tolist() == [t["rows"] for row in progress for t in row["topics"] if t["topic"] == "orders"]
+    assert batches["orders_held"].sum() == 1 and batches["orders_shared"].sum() == 2
+    backlog = metric_queries.load_backlog(connection, fixture_data.data_dir, limit=1000)
+    expected = {(row["batch_id"], t["topic"]): (t["admitted_messages"], t["admitted_bytes"])
+                for row in progress for t in row["topics"]}
+    assert {(r.batch_id, r.topic): (r.admitted_messages, r.admitted_bytes) for r in backlog.itertuples()} == expected
+
+
+def test_order_shares_come_from_their_events(connection, fixture_data):
+    shares = metric_queries.load_order_shares(connection, fixture_data.data_dir)
+    ended = next(e for e in read_metrics(fixture_data.data_dir, "events") if e["kind"] == "orders_share_ended")["details"]
+    assert len(shares) == 1 and not shares["open"].iloc[0]
+    run = shares.iloc[0]
+    assert (run["started_batch"], run["last_batch"], run["batches"], run["held_for"], run["orders"]) == (
+        ended["started_batch"], ended["last_batch"], 2, 3, fixture_data.shared_orders)
+    assert fixture_data.shared_orders > 0 and not pd.isna(run["ended_at"])
+
+
+def planner_row(batch_id: int, ts_ms: int, held_for: int | None, shared: bool, orders: int | None) -> dict:
+    """A progress row as pipeline/metrics.py writes it; ``held_for`` None: one from before the planner said."""
+    topics = [{"topic": "users", "generation": 0, "rows": 900, "end_position": batch_id, "latest_position": batch_id,
+               "backlog": 0, "partitions": [{"partition": -1, "rows": 900}]},
+              {"topic": "orders", "generation": 0, "rows": orders, "end_position": batch_id,
+               "latest_position": batch_id, "backlog": 0, "partitions": [{"partition": -1, "rows": orders}]}]
+    row = {"ts_ms": ts_ms, "batch_id": batch_id, "topics": topics}
+    if held_for is not None:
+        for topic, messages in zip(topics, (1000, orders)):
+            topic.update(admitted_messages=messages, admitted_bytes=None if messages is None else messages * 200)
+        row.update(orders_held=held_for > 0 and not shared, orders_shared=held_for > 0 and shared, orders_held_for=held_for)
+    return row
+
+
+def test_an_open_share_counts_its_orders_so_far_once_each_and_old_rows_read_as_unknown(connection, tmp_path):
+    from pipeline.listener import decide_order_share
+    from pipeline.metrics import MetricsStore
+
+    metrics = MetricsStore(tmp_path)
+    rows = [planner_row(0, 1_000, None, False, 5), planner_row(1, 2_000, 1, False, 0),
+            planner_row(2, 3_000, 2, True, 30), planner_row(3, 4_000, 3, True, 20)]
+    share = None
+    for row in rows + [planner_row(3, 5_000, 3, True, 20)]:  # batch 3 ran twice (a restore)
+        metrics.append("progress", row)
+        share, event = decide_order_share(share, row)
+        if event:  # the listener records it after the batch's progress row
+            kind, message, details = event
+            metrics.append("events", {"ts_ms": row["ts_ms"] + 100, "kind": kind, "message": message, "details": details})
+    shares = metric_queries.load_order_shares(connection, tmp_path)
+    assert shares[["started_batch", "last_batch", "batches", "held_for", "orders", "open"]].values.tolist() == [
+        [2, 3, 2, 3, 50, True]]
+    assert pd.isna(shares["ended_at"].iloc[0])
+    batches = metric_queries.load_batches(connection, tmp_path)
+    assert batches["orders_held"].isna().tolist() == [True, False, False, False, False]
+    assert batches["orders_rows"].tolist() == [5, 0, 30, 20, 20]
+    old = metric_queries.load_backlog(connection, tmp_path).query("batch_id == 0")
+    assert old["admitted_messages"].isna().all() and old["admitted_bytes"].isna().all()
