@@ -59,6 +59,8 @@ METRICS = {
         "state_size_bytes": "gauge", "sink_rows_total": "counter", "backlog_entries": "gauge",
         "restarts_total": "counter", "dead_letters_total": "counter", "end_to_end_latency_seconds": "histogram",
         "job_up": "gauge", "job_state": "gauge",
+        "admitted_messages": "gauge", "admitted_bytes": "gauge", "orders_held": "gauge", "orders_sharing": "gauge",
+        "orders_shared_total": "counter",
     }.items()
 }
 
@@ -167,6 +169,7 @@ class StoreCollector(Collector):
         lookups = metric_queries.load_lookup_state(cursor, data_dir)
         backlog = metric_queries.load_backlog(cursor, data_dir, limit=1)
         events = metric_queries.load_event_counts(cursor, data_dir).set_index("kind")["events"]
+        shares = metric_queries.load_order_shares(cursor, data_dir)
         sink_rows = queries.load_sink_spans(cursor, data_dir).set_index("sink")["rows"]
         status = console_math.job_status_from_frames(metric_queries.load_latest_lifecycle_event(cursor, data_dir),
                                                      newest, now_ms)
@@ -222,6 +225,18 @@ class StoreCollector(Collector):
                                         "Publish-to-enriched latency of every committed enriched order.")
         latency.add_metric([], buckets, seconds)
         yield latency
+        yield _gauge("admitted_messages", "Messages the planner admitted from each topic into the newest batch "
+                     "(its estimate: planning reads no payload).",
+                     [({"topic": row.topic}, row.admitted_messages) for row in backlog.itertuples()])
+        yield _gauge("admitted_bytes", "Bytes the planner admitted from each topic into the newest batch (its estimate).",
+                     [({"topic": row.topic}, row.admitted_bytes) for row in backlog.itertuples()])
+        yield _gauge("orders_held", "1 if the newest batch held the orders back because the changelogs alone filled "
+                     "the batch cap, else 0.", latest("orders_held"))
+        yield _gauge("orders_sharing", "1 if the newest batch gave the orders a share anyway while the changelogs "
+                     "filled the cap (job.orders_share_after passed), else 0.", latest("orders_shared"))
+        yield _counter("orders_shared_total", "Orders admitted while the changelogs filled the batch cap (exact: the "
+                       "orders read in the shared batches, from the share events and the open run's progress rows).",
+                       [({}, console_math.sum_order_shares(shares["orders"].tolist())[0])])
         yield _gauge("job_up", "1 while the job is running and writing batches, else 0.",
                      [({}, int(status.state == "running"))])
         yield _gauge("job_state", "The job's state as the console shows it: 1 for the current state.",

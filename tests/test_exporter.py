@@ -89,6 +89,36 @@ def test_scrape_matches_the_metrics_store(fixture_data):
     assert f"# TYPE {P}end_to_end_latency_seconds histogram" in text
 
 
+def test_scrape_serves_what_the_planner_admitted_and_the_orders_shared(fixture_data):
+    samples = _samples(_scrape(fixture_data.data_dir)[1])
+    newest = read_metrics(fixture_data.data_dir, "progress")[-1]
+    for topic in newest["topics"]:
+        assert samples[f'{P}admitted_messages{{topic="{topic["topic"]}"}}'] == topic["admitted_messages"]
+        assert samples[f'{P}admitted_bytes{{topic="{topic["topic"]}"}}'] == topic["admitted_bytes"]
+    assert (samples[P + "orders_held"], samples[P + "orders_sharing"]) == (newest["orders_held"], newest["orders_shared"]) == (0, 0)
+    ended = [e["details"]["orders"] for e in read_metrics(fixture_data.data_dir, "events") if e["kind"] == "orders_share_ended"]
+    assert samples[P + "orders_shared_total"] == sum(ended) == fixture_data.shared_orders > 0
+
+
+def test_a_batch_holding_orders_back_and_rows_from_before_the_planner(tmp_path):
+    from pipeline.metrics import MetricsStore
+
+    metrics, base = MetricsStore(tmp_path), 1_800_000_000_000
+    old_topic = {"topic": "orders", "generation": 0, "rows": 4, "end_position": 4, "latest_position": 4, "backlog": 0}
+    metrics.append("progress", {"ts_ms": base, "batch_id": 0, "topics": [old_topic]})
+    text = _scrape(tmp_path)[1]
+    samples = _samples(text)
+    for unknown in ("admitted_messages", "admitted_bytes", "orders_held", "orders_sharing"):
+        assert not any(name.startswith(P + unknown) for name in samples), unknown  # unknown, so left out
+    assert samples[P + "orders_shared_total"] == 0
+    metrics.append("progress", {"ts_ms": base + 1000, "batch_id": 1, "orders_held": True, "orders_shared": False,
+                                "orders_held_for": 4, "topics": [{**old_topic, "rows": 0, "admitted_messages": 0,
+                                                                  "admitted_bytes": 0}]})
+    samples = _samples(_scrape(tmp_path)[1])
+    assert (samples[P + "orders_held"], samples[P + "orders_sharing"]) == (1, 0)
+    assert samples[f'{P}admitted_messages{{topic="orders"}}'] == 0
+
+
 def test_latency_histogram_counts_every_committed_enriched_order(fixture_data):
     samples = _samples(_scrape(fixture_data.data_dir)[1])
     enriched = read_sink(fixture_data.data_dir, "enriched")
