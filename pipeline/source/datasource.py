@@ -16,6 +16,8 @@ Schema (one row per message)::
     publish_time timestamp
     properties string    message properties as a JSON object, or None
     event_time long      event time the producer set (epoch ms), or None
+    time_error string    why a time the message carried is None above (past the year 9999: an
+                         event time of 2**64-1, say), naming it and its value; else None
 
 Options:
 

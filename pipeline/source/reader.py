@@ -20,6 +20,7 @@ from typing import Iterator
 from pipeline.config import pulsar_authentication
 from pipeline.errors import SourceError
 from pipeline.source.offsets import EARLIEST, WHOLE_ENTRY, Position, Range, through
+from pipeline.wire import MAX_TIME_MS
 
 log = logging.getLogger(__name__)
 # Rows of one Arrow record batch a read task yields: 32k against 8k gave 7% more rows/s in the
@@ -224,15 +225,56 @@ class _Block:
         message_ids = pc.binary_join_element_wise(
             pa.array(self.ledgers, pa.int64()).cast(pa.string()), pa.array(self.entries, pa.int64()).cast(pa.string()),
             pa.repeat(str(partition), n), pa.array(self.batches, pa.int64()).cast(pa.string()), ":")
-        published = pc.multiply(pa.array(self.published, pa.int64()), 1000).cast(pa.timestamp("us", tz="UTC"))
-        event_times = pa.array(self.event_times, pa.int64())
+        published, published_errors = _held_times(self.published, "publish_time")
+        event_times, event_errors = _held_times(self.event_times, "event_time")
+        published = pc.multiply(published, 1000).cast(pa.timestamp("us", tz="UTC"))
         columns = [pa.repeat(kind, n), pa.repeat(topic, n), pa.repeat(pa.scalar(partition, pa.int32()), n),
                    message_ids, pc.add(pc.shift_left(pa.array(self.entry_ns, pa.int64()), POSITION_SHIFT),
                                        pc.add(pa.array(self.batches, pa.int64()), 1)),
                    pa.repeat(pa.scalar(gen, pa.int64()), n), pa.array(self.keys, pa.string()),
                    pa.array(self.values, pa.binary()), published, pa.array(self.properties, pa.string()),
-                   pc.if_else(pc.equal(event_times, 0), None, event_times)]  # 0: the producer set none
+                   pc.if_else(pc.equal(event_times, 0), None, event_times),  # 0: the producer set none
+                   _time_errors(n, event_errors, published_errors)]
         return pa.RecordBatch.from_arrays(columns, schema=arrow_schema())
+
+
+def _held_times(values: list[int], name: str) -> tuple:
+    """A message time column (epoch ms as the client gives them: unsigned 64-bit) as int64, with
+    each value past ``wire.MAX_TIME_MS`` (the end of the year 9999) null instead, and the errors
+    of those rows by row index.
+
+    Pulsar's event and publish times are unsigned 64-bit on the wire, so a producer can send
+    any of them (an event time of 2**64-1 is a Java producer's -1): no value may fail the batch.
+    Beyond the year 9999 no sink could hold it (wire.py), and a Spark timestamp (microseconds in
+    a long) not much further. Checked column-wise: the read loop stays as it is.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        raw = pa.array(values, pa.uint64())
+    except (OverflowError, pa.ArrowException):  # the client gave something else: sort it out one by one
+        raw = pa.array([v if isinstance(v, int) and 0 <= v < 1 << 64 else 1 << 63 for v in values], pa.uint64())
+    unheld = pc.greater(raw, pa.scalar(MAX_TIME_MS, pa.uint64()))
+    if not pc.any(unheld).as_py():
+        return raw.cast(pa.int64()), {}
+    rows = pc.indices_nonzero(unheld).to_pylist()
+    errors = {i: f"message {name} {values[i]} is outside the times the job can hold (epoch milliseconds "
+                 f"up to {MAX_TIME_MS}, the end of the year 9999)" for i in rows}
+    return pc.if_else(unheld, None, raw.cast(pa.int64(), safe=False)), errors
+
+
+def _time_errors(n: int, *errors: dict[int, str]):
+    """The ``time_error`` column: per row, what :func:`_held_times` found, ``"; "``-joined, or None."""
+    import pyarrow as pa
+
+    if not any(errors):
+        return pa.nulls(n, pa.string())
+    texts: list[str | None] = [None] * n
+    for found in errors:
+        for i, text in found.items():
+            texts[i] = text if texts[i] is None else f"{texts[i]}; {text}"
+    return pa.array(texts, pa.string())
 
 
 def read_key_and_properties(message) -> tuple[str | None, str | None]:
@@ -390,9 +432,13 @@ def arrow_schema():
         ("position", pa.int64()), ("generation", pa.int64()), ("key", pa.string()), ("value", pa.binary()),
         ("publish_time", pa.timestamp("us", tz="UTC")), ("properties", pa.string()),
         ("event_time", pa.int64()),  # epoch ms the producer set, or None
+        # a time the message carried that the row cannot hold (its column is None then), named
+        # with its value: "message event_time 18446744073709551615 is outside …"; else None
+        ("time_error", pa.string()),
     ])
 
 
 SPARK_SCHEMA = ("kind string, topic string, partition int, message_id string, position long, generation long, "
-                "key string, value binary, publish_time timestamp, properties string, event_time long")
+                "key string, value binary, publish_time timestamp, properties string, event_time long, "
+                "time_error string")
 SPARK_SCHEMA_NAMES = [column.split()[0] for column in SPARK_SCHEMA.split(", ")]
