@@ -23,8 +23,12 @@ def order(invoice: int, user_id: int, item_id: int, **fields) -> dict:
             "paidAt": -1, **fields}
 
 
-def publish(service_url: str, topic: str, messages: list[tuple[str | None, bytes]], properties: dict | None = None) -> int:
+def publish(service_url: str, topic: str, messages: list[tuple[str | None, bytes]], properties: dict | None = None,
+            batching: bool = True) -> int:
     """Send (key, payload) pairs in order and wait for every ack; returns the count.
+
+    ``batching=False`` sends as pulsar-client does by default (its Python producer does not
+    batch): every message is an entry of its own.
 
     Raises if the broker refused any of them, so a test never waits for a message that was
     never stored (a producer batch over the broker's size limit is refused whole).
@@ -37,8 +41,11 @@ def publish(service_url: str, topic: str, messages: list[tuple[str | None, bytes
             refused.append(str(result))
 
     try:
-        producer = client.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=2,
-                                          block_if_queue_full=True)  # wait for room; never drop a send
+        if batching:
+            producer = client.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=2,
+                                              block_if_queue_full=True)  # wait for room; never drop a send
+        else:  # pulsar-client's defaults but for the full queue
+            producer = client.create_producer(topic, block_if_queue_full=True)
         for key, payload in messages:
             if key is None:
                 producer.send_async(payload, on_sent, properties=properties)
