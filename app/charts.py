@@ -10,7 +10,8 @@ import plotly.graph_objects as go
 
 SINK_COLOURS = {"enriched": "#2e7d32", "missing_state": "#f9a825", "dead_letter": "#c62828"}
 SINK_LABELS = {"enriched": "enriched", "missing_state": "missing state", "dead_letter": "dead letter"}
-REASON_COLOURS = {"user": "#1565c0", "item": "#ef6c00", "user_and_item": "#6a1b9a"}
+REASON_COLOURS = {"user": "#1565c0", "item": "#ef6c00", "user_and_item": "#6a1b9a", "late": "#757575",
+                  "future": "#00838f"}
 LEVEL_COLOURS = {"OK": "#2e7d32", "LOW": "#f9a825", "HIGH": "#c62828"}
 TOPIC_COLOURS = {"orders": "#1565c0", "users": "#6a1b9a", "items": "#ef6c00"}
 

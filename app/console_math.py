@@ -370,8 +370,12 @@ def describe_missing_reason(reason: str, user_id: int, item_id: int, waited_ms: 
         "item": f"item {item_id} not in state",
         "user_and_item": f"neither user {user_id} nor item {item_id} in state",
     }
-    if reason == "late":  # event time: decided by no lookup
-        return "late: older than the watermark minus the allowed lateness when read"
+    undecided = {  # event time: decided by no lookup
+        "late": "late: older than the watermark minus the allowed lateness when read",
+        "future": "future: further past the time the changelogs had reached than the future horizon when read",
+    }
+    if reason in undecided:
+        return undecided[reason]
     cause = causes.get(reason, f"unknown reason {reason!r}")
     waited = f" after waiting {format_age(waited_ms)}" if waited_ms else " (buffering is off)"
     return cause + waited

@@ -13,6 +13,7 @@ import sys
 from typing import Callable
 
 from pipeline.config import Settings, load_settings, parse_set_flags
+from pipeline.enrich.lookups import MISSING_REASONS
 from pipeline.errors import StatefulStreamsError
 
 
@@ -257,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     redrive.add_argument("--invoice", type=int, action="append", help="invoice id (repeatable)")
     redrive.add_argument("--user", type=int, help="every missing order of this user id")
     redrive.add_argument("--item", type=int, help="every missing order of this item id")
-    redrive.add_argument("--reason", choices=["user", "item", "user_and_item"], help="every missing order with this reason")
+    redrive.add_argument("--reason", choices=MISSING_REASONS, help="every missing order with this reason")
 
     state = add("state", cmd_state, "print what the job holds for a key: its latest version and the orders waiting")
     state.add_argument("targets", nargs="+", metavar="LOOKUP KEY", help="users or items, then the id; pairs may repeat")

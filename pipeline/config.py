@@ -214,6 +214,9 @@ KEYS: tuple[Key, ...] = (
         "Event time: an order older than the watermark minus this is late (missing_state, reason 'late')"),
     Key("enrichment.idle_timeout", "30s", parse_duration,
         "Event time: a changelog with no new message for this long stops holding the watermark back; 0 = never"),
+    Key("enrichment.future_horizon", "1h", parse_duration,
+        "Event time: an order further than this past the time the changelogs have reached is 'future' (missing_state), "
+        "and a message time further than this past its publish time moves no watermark"),
     Key("app.address", "127.0.0.1", _text, "Console bind address"),
     Key("app.port", 8501, _port, "Console port"),
     Key("app.admin_token", None, _optional_text, "Token that control actions require (needed off loopback)"),

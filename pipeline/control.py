@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 
 from pipeline import store, wire
 from pipeline.config import Settings
+from pipeline.enrich.lookups import MISSING_REASONS
 from pipeline.errors import ControlError
 from pipeline.lock import JobLock, acquire_job_lock, job_is_running  # noqa: F401 - the control surface
 from pipeline.metrics import MetricsStore, iso, now_ms
@@ -106,8 +107,8 @@ def redrive(settings: Settings, invoice_ids: list[int] | None = None, user_id: i
     """Republish matching missing-state orders to the orders topic; returns how many."""
     if not (invoice_ids or user_id is not None or item_id is not None or reason):
         raise ControlError("re-drive needs a selector: invoice ids, a user id, an item id or a reason")
-    if reason is not None and reason not in ("user", "item", "user_and_item"):
-        raise ControlError(f"reason {reason!r} is not one of user, item, user_and_item")
+    if reason is not None and reason not in MISSING_REASONS:
+        raise ControlError(f"reason {reason!r} is not one of {', '.join(MISSING_REASONS)}")
     rows = find_missing(settings, invoice_ids, user_id, item_id, reason)
     if not rows:
         return 0

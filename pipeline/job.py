@@ -136,7 +136,9 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
         source = source.option("authToken", settings["pulsar.auth_token"])
     if settings["enrichment.time"] == "event":  # the parse step stamps the idle changelogs (event_clock.py)
         from pipeline.enrich.event_clock import idle_file
-        source = source.option("transformArgs", json.dumps({"idle_path": str(idle_file(settings.data_dir))}))
+        source = source.option("transformArgs", json.dumps({  # and makes a message its time cannot place a dead letter
+            "idle_path": str(idle_file(settings.data_dir)),
+            "timed_by_message": rules.timed_by_message(settings["enrichment.order_time"])}))
     rows = source.load()
     # {"kind": "orders", "op": "order", "user_id": 17, "item_id": 4, …, "user_state": None, "item_state": None}
     # The source's offsets count broker entries; the messages of each batch are counted here.
@@ -147,13 +149,16 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
     rows = rows.withColumn("key", F.when(F.col("op") == "dead", F.col("key")))
     if settings["enrichment.time"] == "event":  # versions as of each order's event time (README "Event time")
         from pipeline.enrich.event_clock import restored_newest, watermark_partitions
+        from pipeline.enrich.event_rules import future_after
         rows = with_event_watermarks(rows, settings["enrichment.order_time"],
                                      int(settings["enrichment.out_of_orderness"] * 1000), restored_newest(checkpoint),
-                                     watermark_partitions(partitions),
-                                     on_every_row=count_rows)
+                                     watermark_partitions(partitions), on_every_row=count_rows,
+                                     future_horizon_ms=int(settings["enrichment.future_horizon"] * 1000))
         for lookup in LOOKUPS:
             rows = apply_event_lookup(rows, lookup, settings.max_wait_ms,
-                                      int(settings["enrichment.allowed_lateness"] * 1000))
+                                      int(settings["enrichment.allowed_lateness"] * 1000),
+                                      future_after(int(settings["enrichment.out_of_orderness"] * 1000),
+                                                   int(settings["enrichment.future_horizon"] * 1000)))
     else:
         rows = count_rows(rows).drop(*rules.EVENT_TIME_COLUMNS)  # null in processing time
         for lookup in LOOKUPS:

@@ -5,7 +5,8 @@ event``) and through event_rules.EventEnrichmentModel; the sinks must be equal r
 Hypothesis draws a stream as phases: upserts, tombstones and poison on a changelog, each timed
 up to 6 s before the stream's clock (out of order, some beyond the out-of-orderness, some
 older than watermark - allowed lateness: late versions), orders timed from 7 s before the
-clock (late) to 3 s after it (they wait), for known and unknown ids, with poison; and ticks,
+clock (late) to 3 s after it (they wait), for known and unknown ids, with poison (and one stream
+has an order further ahead than the future horizon allows: future); and ticks,
 which move the clock on both changelogs with a version of a key no order names. Only ticks
 move the watermark, so however the source cuts a phase into batches, the job decides each
 order at the watermark the model uses; after each phase the test waits until the job has read
@@ -35,7 +36,7 @@ from waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 _examples = itertools.count(1)
-MAX_WAIT_MS, OOO_MS, LATENESS_MS = 2_000, 2_000, 3_000
+MAX_WAIT_MS, OOO_MS, LATENESS_MS, FUTURE_HORIZON_MS = 2_000, 2_000, 3_000, 5_000
 SENTINEL = 50  # the key ticks move the clock with; no order names it
 T0 = 1_700_000_000_000
 
@@ -68,7 +69,8 @@ EVERY_CASE = [
     ("orders", [(1, 1, False, -3), (2, 2, False, 0), (3, 2, False, -4), (4, 3, False, 1)]),
     ("items", [("upsert", 3, 9.25, 2), ("upsert", 3, 9.25, 2), ("delete", 1, None, 0)]),  # the same version twice
     ("tick", 2),
-    ("orders", [(1, 2, False, -1), (4, 4, False, 3), (2, 1, False, -2)]),
+    # the last: 10 s ahead, beyond the out-of-orderness + the future horizon (7 s): future at once
+    ("orders", [(1, 2, False, -1), (4, 4, False, 3), (2, 1, False, -2), (1, 1, False, 10)]),
 ]
 
 
@@ -82,6 +84,7 @@ def event_job(tmp_path_factory, broker):
         "spark.master": "local[2]", "job.trigger_interval": "200ms", "enrichment.time": "event",
         "enrichment.max_wait": f"{MAX_WAIT_MS}ms", "enrichment.out_of_orderness": f"{OOO_MS}ms",
         "enrichment.allowed_lateness": f"{LATENESS_MS}ms", "enrichment.idle_timeout": "0s",  # never idle
+        "enrichment.future_horizon": f"{FUTURE_HORIZON_MS}ms",
         **{f"topics.{k}": f"persistent://public/default/{k}-{tag}" for k in ("users", "items", "orders")}})
     job = JobThread(settings)
     wait_for(lambda: read_rows(settings.data_dir, "progress") or job.error, timeout=240, what="the job's first batch")
@@ -151,7 +154,8 @@ def test_the_job_decides_every_order_as_the_event_time_model_does(event_job, str
     example = next(_examples)
     base, invoices = example * 100, itertools.count(example * 10_000)
     clock = T0 + example * 10_000_000  # far past every earlier example's times
-    model = event_rules.EventEnrichmentModel(MAX_WAIT_MS, LATENESS_MS)
+    model = event_rules.EventEnrichmentModel(MAX_WAIT_MS, LATENESS_MS,
+                                             event_rules.future_after(OOO_MS, FUTURE_HORIZON_MS))
     newest: dict[str, int | None] = {"users": None, "items": None}
     watermark, late_before = 0, late_versions(data_dir)
     expected, poison_keys, ours = [], [], set()
@@ -198,5 +202,6 @@ def test_the_job_decides_every_order_as_the_event_time_model_does(event_job, str
     assert late_versions(data_dir) - late_before == sum(lookup.late_versions for lookup in model.lookups)
     if stream == EVERY_CASE:  # it does reach every case
         reasons = Counter(row["reason"] for row in expected if row["sink"] != "dead_letter")
-        assert reasons[None] >= 5 and reasons["late"] and reasons["user"] and len(poison_keys) == 2
+        assert reasons[None] >= 5 and reasons["late"] and reasons["user"] and reasons["future"] == 1
+        assert len(poison_keys) == 2
         assert any(lookup.late_versions for lookup in model.lookups)

@@ -1,8 +1,9 @@
 """The event-time specification (``enrichment.time = event``): what VersionedLookup decides.
 
 The twin of the processing-time rules in pipeline/enrich/rules.py, which it builds on: the
-watermark, lateness, the version current at an order's time, history pruning, and a pure model
-of the operator (held to the job by tests/test_event_time_rules.py and test_event_time_job.py).
+watermark, lateness, the future horizon, the version current at an order's time, history
+pruning, and a pure model of the operator (held to the job by tests/test_event_time_rules.py,
+test_event_time_model.py and test_hostile_times.py).
 """
 
 from __future__ import annotations
@@ -10,14 +11,18 @@ from __future__ import annotations
 from typing import Iterable
 
 from pipeline.enrich.lookups import DELETE, LOOKUP, LOOKUPS, READ_ORDER, SET, Lookup
-from pipeline.enrich.rules import FOUND, LATE, MISSING, EnrichmentModel, missing_reason, split_by_key
+from pipeline.enrich.rules import FOUND, FUTURE, LATE, MISSING, EnrichmentModel, missing_reason, split_by_key
+
+# The envelope's ``late`` column on an order: how its time stood when first judged.
+ON_TIME_FLAG, LATE_FLAG, FUTURE_FLAG = 0, 1, 2
 
 
 class EventEnrichmentModel(EnrichmentModel):
     """The event-time lookups chained as the job chains them (``process`` takes the watermark)."""
 
-    def __init__(self, max_wait_ms: int, allowed_lateness_ms: int):
-        self.lookups = [VersionedLookupModel(lookup, max_wait_ms, allowed_lateness_ms) for lookup in LOOKUPS]
+    def __init__(self, max_wait_ms: int, allowed_lateness_ms: int, future_after_ms: int | None = None):
+        self.lookups = [VersionedLookupModel(lookup, max_wait_ms, allowed_lateness_ms, future_after_ms)
+                        for lookup in LOOKUPS]
 
 
 # ---------------------------------------------------------------- event time (enrichment.time = event)
@@ -43,6 +48,31 @@ def is_late(order_ms: int, watermark_ms: int, allowed_lateness_ms: int) -> bool:
     version is late by the same test; it is still stored (it is current for orders still to
     come) and counted."""
     return order_ms < watermark_ms - allowed_lateness_ms
+
+
+def future_after(out_of_orderness_ms: int, future_horizon_ms: int) -> int:
+    """How far past the watermark an order's time may be before it is from the future: the
+    watermark + the out-of-orderness is the least of the changelog partitions' newest times
+    (the time every changelog has reached), and ``enrichment.future_horizon`` is allowed past it."""
+    return out_of_orderness_ms + future_horizon_ms
+
+
+def is_future(order_ms: int, watermark_ms: int, future_after_ms: int | None) -> bool:
+    """An order is from the future when its time is more than :func:`future_after` past the
+    watermark: the changelogs would have to move on that far before it could be decided (an
+    order of the year 9999 would wait forever). It is judged only once the watermark is above 0
+    (every changelog partition has a time; before, orders wait for the changelogs), so an order
+    first seen at 0 is judged at the first watermark above it. The watermark only grows, so an
+    order once judged not future never becomes so. ``future_after_ms`` None: no bound."""
+    return future_after_ms is not None and watermark_ms > 0 and order_ms > watermark_ms + future_after_ms
+
+
+def order_flag(order_ms: int, watermark_ms: int, allowed_lateness_ms: int, future_after_ms: int | None) -> int:
+    """How an order's time stands at ``watermark_ms``: :data:`LATE_FLAG`, :data:`FUTURE_FLAG`
+    or :data:`ON_TIME_FLAG` (the envelope's ``late`` column)."""
+    if is_late(order_ms, watermark_ms, allowed_lateness_ms):
+        return LATE_FLAG
+    return FUTURE_FLAG if is_future(order_ms, watermark_ms, future_after_ms) else ON_TIME_FLAG
 
 
 def holds(versions: Iterable[Version], version: Version) -> bool:
@@ -112,11 +142,14 @@ class VersionedLookupModel:
     ``process`` is one micro-batch at watermark ``watermark_ms`` (Spark's, from the batches
     before): each key's input rows (versions first, then orders), then the waiting orders that
     are due. An order's decision depends only on the versions up to its time (+ max_wait), never
-    on batch sizes or read interleavings, as long as versions keep within the out-of-orderness.
+    on batch sizes or read interleavings, as long as versions keep within the out-of-orderness
+    and the order is neither late nor from the future (:func:`is_future`, with
+    ``future_after_ms``) when first judged.
     """
 
-    def __init__(self, lookup: Lookup, max_wait_ms: int, allowed_lateness_ms: int):
+    def __init__(self, lookup: Lookup, max_wait_ms: int, allowed_lateness_ms: int, future_after_ms: int | None = None):
         self.lookup, self.max_wait_ms, self.allowed_lateness_ms = lookup, max_wait_ms, allowed_lateness_ms
+        self.future_after_ms = future_after_ms
         self.versions: dict[int, list[Version]] = {}
         self.waiting: dict[int, list[dict]] = {}
         self.late_versions = 0  # versions older than the watermark - allowed lateness when read
@@ -133,9 +166,12 @@ class VersionedLookupModel:
                         self.late_versions += is_late(version[0], watermark_ms, self.allowed_lateness_ms)
             for row in (r for r in key_rows if r["lookup_role"] == LOOKUP):
                 if row["late"] is None:
-                    row = {**row, "late": int(is_late(row["event_ms"], watermark_ms, self.allowed_lateness_ms))}
-                if row["late"]:
+                    row = {**row, "late": order_flag(row["event_ms"], watermark_ms, self.allowed_lateness_ms,
+                                                     self.future_after_ms)}
+                if row["late"] == LATE_FLAG:
                     out.append(self._decide(row, None, None, 0, LATE))
+                elif row["late"] == FUTURE_FLAG:
+                    out.append(self._decide(row, None, None, 0, FUTURE))
                 elif self._due(key, row, watermark_ms):
                     out.append(self._decide(row, *version_at(self.versions.get(key, []), row["event_ms"],
                                                              self.max_wait_ms)))
@@ -146,12 +182,18 @@ class VersionedLookupModel:
         return out
 
     def expire(self, watermark_ms: int) -> list[dict]:
-        """The waiting orders the watermark has made due, decided (the operator's timers)."""
+        """The waiting orders the watermark has made due, decided, and those it shows to be from
+        the future (only orders first judged at watermark 0 can be), decided ``future`` (the
+        operator's timers)."""
         out = []
         for key in list(self.waiting):
-            due = [row for row in self.waiting[key] if self._due(key, row, watermark_ms)]
+            future = [row for row in self.waiting[key]
+                      if is_future(row["event_ms"], watermark_ms, self.future_after_ms)]
+            out += [self._decide({**row, "late": FUTURE_FLAG}, None, None, 0, FUTURE) for row in future]
+            due = [row for row in self.waiting[key] if row not in future and self._due(key, row, watermark_ms)]
             out += [self._decide(row, *version_at(self.versions.get(key, []), row["event_ms"], self.max_wait_ms))
                     for row in due]
+            due += future
             self.waiting[key] = [row for row in self.waiting[key] if row not in due]
             if not self.waiting[key]:
                 del self.waiting[key]

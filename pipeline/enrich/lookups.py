@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import reduce
+from itertools import combinations
 from pathlib import Path
 
 from pipeline.errors import ConfigError
@@ -60,6 +61,13 @@ ITEMS = Lookup("items", "item_id", "itemId", {
     "price": ("item_price", "double")}, reason="item")
 # In the order they run: an order is looked up in each, left to right.
 LOOKUPS = (USERS, ITEMS)
+# Event time: the missing reasons of orders no lookup decided, their time being older than the
+# watermark allows, or further ahead of the changelogs than enrichment.future_horizon.
+LATE, FUTURE = "late", "future"
+# Every missing-state reason: the lookups that did not find the order, joined in LOOKUPS order
+# (rules.missing_reason: user, item, user_and_item), then LATE and FUTURE.
+MISSING_REASONS = (*("_and_".join(lookup.reason for lookup in chosen) for size in range(1, len(LOOKUPS) + 1)
+                     for chosen in combinations(LOOKUPS, size)), LATE, FUTURE)
 
 
 def lookup_named(name: str) -> Lookup:
@@ -117,12 +125,19 @@ def topic_of_clock(name: str) -> str:
 
 
 def with_event_watermarks(frame, order_time: str, out_of_orderness_ms: int, restored: dict[str, int] | None = None,
-                          partitions: dict[str, list[int]] | None = None, on_every_row=None):
+                          partitions: dict[str, list[int]] | None = None, on_every_row=None,
+                          future_horizon_ms: int | None = None):
     """Envelope rows with their event time (``event_ms``) and Spark's event-time watermark set to
     the least of the changelog partitions' watermarks (called on the driver while the query is built).
 
     An order's time is its ``created_at`` (``order_time = created_at``) or its message event time;
-    a version's time is its message event time, or its publish time when it has none. Each
+    a version's time is its message event time, or its publish time when it has none. A dead
+    letter's time counts for no watermark: its payload or its time could not be read, so its
+    time is not trusted either (a message time the source could not hold makes one). Nor does a
+    time more than ``future_horizon_ms`` past the message's own publish time (None: no such
+    bound): one order of the year 9999 read while the changelogs are idle (below) would carry the
+    watermark there for good (Spark's watermark never goes back), making every later order late;
+    a version dated ahead is still stored, it just does not say the changelog has got there. Each
     partition of each changelog (``partitions``: changelog -> partition numbers, -1 for a topic
     that is not partitioned, the default) gets its own watermark (its newest event time minus the
     out-of-orderness) on a branch that sees every row of the batch (rows of other partitions and
@@ -140,9 +155,19 @@ def with_event_watermarks(frame, order_time: str, out_of_orderness_ms: int, rest
     """
     from pyspark.sql import functions as F
 
+    from pipeline.wire import MAX_TIME_MS, MIN_TIME_MS
+
     message_time = F.coalesce(F.col("event_time"), F.col("published_at"))
     own_time = F.coalesce(F.col("created_at"), message_time) if order_time == "created_at" else message_time
-    timed = frame.withColumn("event_ms", F.when(F.col("kind") == "orders", own_time).otherwise(message_time))
+    timed = frame.withColumn("event_ms", F.when(F.col("op") == "dead", F.lit(None).cast("long"))
+                             .when(F.col("kind") == "orders", own_time).otherwise(message_time))
+    # Every time is within years 1 to 9999 here (the wire's checks, the source's), which Spark's
+    # timestamps hold; a time beyond would fail the batch in timestamp_millis (ANSI mode), so
+    # anything else counts for no watermark rather than stop the job.
+    held = F.col("event_ms").between(MIN_TIME_MS, MAX_TIME_MS)
+    if future_horizon_ms is not None:
+        ahead = F.col("event_ms") - F.col("published_at")
+        held = held & F.coalesce(ahead <= F.lit(int(future_horizon_ms)), F.lit(True))
     kind, idle = F.col("kind"), F.coalesce(F.col("idle_topics"), F.lit(""))
     clocks = [(lookup.changelog, int(p)) for lookup in (USERS, ITEMS)
               for p in sorted((partitions or {}).get(lookup.changelog) or [-1])]
@@ -158,13 +183,14 @@ def with_event_watermarks(frame, order_time: str, out_of_orderness_ms: int, rest
         # reached (``restored``): Spark restores only the job's watermark, and a quiet partition
         # must not hold it back anew.
         floor = (F.timestamp_millis(F.lit(int(restored[name])))
-                 if restored and name in restored else F.lit(None).cast("timestamp"))
-        stamped = F.when(counts, F.timestamp_millis(F.col("event_ms"))).otherwise(floor)
-        observed = F.max(F.when(own, F.col("event_ms"))).alias("newest_ms")
+                 if restored and MIN_TIME_MS <= int(restored.get(name, MIN_TIME_MS - 1)) <= MAX_TIME_MS
+                 else F.lit(None).cast("timestamp"))
+        stamped = F.when(counts & held, F.timestamp_millis(F.col("event_ms"))).otherwise(floor)
+        observed = F.max(F.when(own & held, F.col("event_ms"))).alias("newest_ms")  # restored after a restart
         side = timed.withColumn(WATERMARK_COLUMN, stamped).observe(f"{OBSERVED_PREFIX}{name}", observed)
         if index == 0:  # the orders' newest time too, for the console (the first branch carries the orders)
-            side = side.observe(f"{OBSERVED_PREFIX}orders", F.max(F.when(kind == "orders", F.col("event_ms")))
-                                .alias("newest_ms"))
+            side = side.observe(f"{OBSERVED_PREFIX}orders", F.max(F.when((kind == "orders") & held,
+                                                                         F.col("event_ms"))).alias("newest_ms"))
             if on_every_row is not None:
                 side = on_every_row(side)
         keep = everything_else if index == 0 else own
@@ -182,9 +208,12 @@ def with_event_watermarks(frame, order_time: str, out_of_orderness_ms: int, rest
     return united.drop(WATERMARK_COLUMN)
 
 
-def apply_event_lookup(frame, lookup: Lookup, max_wait_ms: int, allowed_lateness_ms: int):
+def apply_event_lookup(frame, lookup: Lookup, max_wait_ms: int, allowed_lateness_ms: int, future_after_ms: int):
     """``frame`` (envelope rows with event times and a watermark, see :func:`with_event_watermarks`)
     through one VersionedLookup; the output has the same columns.
+
+    An order more than ``future_after_ms`` (``event_rules.future_after``: the out-of-orderness +
+    ``enrichment.future_horizon``) past the watermark is decided ``future`` (event_rules.is_future).
 
     Its late versions are counted (observed metric ``late_versions_<changelog>``) and left out.
 
@@ -202,7 +231,8 @@ def apply_event_lookup(frame, lookup: Lookup, max_wait_ms: int, allowed_lateness
     operator = spark._jvm.statefulstreams.VersionedLookup
     joined = operator.apply(roles._jdf, lookup.id_column, "lookup_role", ",".join(lookup.state_columns),
                             lookup.found_column, "first_seen_ms", "waited_ms", ",".join(READ_ORDER), "event_ms",
-                            "late", lookup.as_of_column, int(max_wait_ms), int(allowed_lateness_ms))
+                            "late", lookup.as_of_column, int(max_wait_ms), int(allowed_lateness_ms),
+                            int(future_after_ms))
     # The operator emits each late version once (older than watermark - allowed lateness; it is
     # still stored): counted per batch here (event_clock.py records the count), then dropped.
     late_version = (kind == lookup.changelog) & op.isin("upsert", "delete")

@@ -18,7 +18,10 @@ message by message through ``route_messages`` instead whenever the two could dif
 - any group of payloads Arrow refuses (a mistyped field, a duplicated one, an integer past 64
   bits, invalid JSON: the group is halved until the culprits are alone), or that read as another
   number of rows than payloads;
-- any row whose typed values fail a check: its error text comes from ``route_messages``.
+- any row whose typed values fail a check: its error text comes from ``route_messages``;
+- in event time, any message of a kind timed by its message's time whose time the source
+  could not hold (its ``time_error``, with no ``event_time``): ``route_messages`` makes it a
+  dead letter naming the time (``rules.timed_by_message``).
 
 So a dead letter's error is always ``route_messages``'s, and a clean row's values are those it
 would give (tests/test_parse.py holds the two to each other over fuzzed batches).
@@ -56,16 +59,20 @@ _PARSE_OPTIONS = {kind: pj.ParseOptions(explicit_schema=schema, unexpected_field
                                         newlines_in_values=False) for kind, schema in _WIRE_SCHEMAS.items()}
 
 
-def parse_batches(batches: Iterator[pa.RecordBatch], idle_path: str | None = None) -> Iterator[pa.RecordBatch]:
+def parse_batches(batches: Iterator[pa.RecordBatch], idle_path: str | None = None,
+                  timed_by_message: list[str] | tuple[str, ...] = ()) -> Iterator[pa.RecordBatch]:
     """Turn source record batches into envelope record batches (``rules.ENVELOPE_SPARK_SCHEMA``).
 
-    ``idle_path`` (event time only): the driver's file of idle changelogs
-    (``event_clock.idle_file``), stamped on every row as ``idle_topics``.
+    Event time only: ``idle_path``, the driver's file of idle changelogs
+    (``event_clock.idle_file``), stamped on every row as ``idle_topics``; ``timed_by_message``,
+    the kinds whose rows are timed by their message's time (``rules.timed_by_message``): a
+    message of one whose time the source could not hold is a dead letter. In processing time
+    no message's time decides anything, and such a message goes on (its times None).
     # {"kind": "orders", "op": "order", "user_id": 17, "item_id": 4, "price": 9.5, …, "user_state": None, …}
     """
     idle = read_idle(idle_path)
     for batch in batches:
-        decided = decide_batch(batch)
+        decided = decide_batch(batch, tuple(timed_by_message))
         arrays = []
         for field in ENVELOPE_ARROW_SCHEMA:
             if field.name in DECIDED:
@@ -96,14 +103,18 @@ def read_idle(path: str | None) -> str | None:
     return ",".join(sorted(str(topic) for topic in topics)) or None
 
 
-def decide_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
+def decide_batch(batch: pa.RecordBatch, timed_by_message: tuple[str, ...] = ()) -> pa.RecordBatch:
     """The decided envelope columns (``DECIDED_SCHEMA``) of a batch of source rows, row for row
-    what ``rules.route_messages`` gives."""
+    what ``rules.route_messages`` gives (with the same ``timed_by_message``)."""
     kinds = pc.unique(batch.column("kind")).to_pylist()
+    problems = _time_problems(batch)
     if len(kinds) != 1 or kinds[0] not in _WIRE_SCHEMAS:  # read tasks hold one topic; anything else goes slowly
-        return _slow(batch.column("kind").to_pylist(), batch.column("key").to_pylist(), batch.column("value").to_pylist())
+        return _slow(batch.column("kind").to_pylist(), batch.column("key").to_pylist(),
+                     batch.column("value").to_pylist(), problems.to_pylist(), timed_by_message)
     kind, values = kinds[0], batch.column("value")
     plain = _plain_payloads(values)
+    if kind in timed_by_message and problems.null_count < len(problems):  # rare: route_messages names the time
+        plain = pc.and_(plain, pc.is_null(problems))
     fast_rows = pc.indices_nonzero(plain)
     pieces, slow_rows = [], pc.indices_nonzero(pc.invert(plain)).to_pylist()
     for offset, count, table in _read_groups(kind, values.take(fast_rows), 0):
@@ -122,13 +133,26 @@ def decide_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
     if slow_rows:
         slow_rows.sort()
         keys = batch.column("key").take(slow_rows).to_pylist()
-        parts.append(_slow([kind] * len(slow_rows), keys, values.take(slow_rows).to_pylist()))
+        parts.append(_slow([kind] * len(slow_rows), keys, values.take(slow_rows).to_pylist(),
+                           problems.take(slow_rows).to_pylist(), timed_by_message))
         order.append(pa.array(slow_rows, pa.uint64()))
     if len(parts) <= 1:  # all rows in one part, in order
-        return parts[0] if parts else _slow([], [], [])
+        return parts[0] if parts else _slow([], [], [], [], ())
     merged = pa.Table.from_batches(parts, schema=DECIDED_SCHEMA)
     rows = pa.chunked_array([r.cast(pa.uint64()) for r in order]).combine_chunks()
     return merged.take(pc.sort_indices(rows)).combine_chunks().to_batches()[0]
+
+
+def _time_problems(batch: pa.RecordBatch) -> pa.Array:
+    """Per source row, why its message's own time (event time, else publish time) is unknown:
+    the source's ``time_error`` where it has no ``event_time`` (a bad publish time behind a good
+    event time does not matter), else None."""
+    if "time_error" not in batch.schema.names:
+        return pa.nulls(batch.num_rows, pa.string())
+    errors = batch.column("time_error")
+    if errors.null_count == len(errors):
+        return errors
+    return pc.if_else(pc.is_null(batch.column("event_time")), errors, pa.scalar(None, pa.string()))
 
 
 def _plain_payloads(values: pa.Array) -> pa.Array:
@@ -200,8 +224,10 @@ def _decided_from_table(kind: str, table: pa.Table) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=DECIDED_SCHEMA)
 
 
-def _slow(kinds: list, keys: list, values: list) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pydict(rules.route_messages(kinds, keys, values), schema=DECIDED_SCHEMA)
+def _slow(kinds: list, keys: list, values: list, time_errors: list,
+          timed_by_message: tuple[str, ...]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict(rules.route_messages(kinds, keys, values, time_errors, timed_by_message),
+                                      schema=DECIDED_SCHEMA)
 
 
 def _redrives(properties: pa.Array) -> pa.Array:

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline import wire
-from pipeline.enrich.lookups import DELETE, LOOKUP, LOOKUPS, PASS, READ_ORDER, SET, Lookup
+from pipeline.enrich.lookups import DELETE, FUTURE, LATE, LOOKUP, LOOKUPS, PASS, READ_ORDER, SET, Lookup
 
 FOUND, WAIT, MISSING = "found", "wait", "missing"
 Outcome = Literal["found", "wait", "missing"]
@@ -48,9 +48,10 @@ ENVELOPE_SPARK_SCHEMA = ", ".join([
       for lookup in LOOKUPS for i, (column, kind) in enumerate(lookup.fields.values())),
     "first_seen_ms long, waited_ms long",
     # Event time (enrichment.time = event; null in processing time): the message's event time,
-    # the row's own time (an order's time, a version's time), whether the order was late when
-    # first seen (1/0), the changelogs idle when it was parsed ("users,items"; event_clock.py),
-    # and per lookup the time of the version it was enriched as of.
+    # the row's own time (an order's time, a version's time), how the order's time stood when
+    # first judged (1 late, 2 future, 0 neither: event_rules.LATE_FLAG, FUTURE_FLAG), the
+    # changelogs idle when it was parsed ("users,items"; event_clock.py), and per lookup the
+    # time of the version it was enriched as of.
     "event_time long, event_ms long, late long, idle_topics string",
     *(f"{lookup.as_of_column} long" for lookup in LOOKUPS)])
 _ARROW_TYPES = {"string": pa.string(), "int": pa.int32(), "long": pa.int64(), "double": pa.float64()}
@@ -69,7 +70,7 @@ ID_COLUMNS = ("invoice_id", "line_item_id", *(lookup.id_column for lookup in LOO
 TIME_COLUMNS = tuple(column for fields in RECORD_COLUMNS.values() for field, column in fields.items()
                      if field.endswith("At"))
 REDRIVE_PROPERTY = "redrive-of"
-LATE = "late"  # the missing reason of an order older than the watermark allows (event time)
+UNDECIDED_REASONS = (LATE, FUTURE)  # event time: orders whose time no lookup decided (lookups.py)
 
 
 def payload_text(payload: bytes | None) -> str | None:
@@ -87,11 +88,25 @@ DECIDED_COLUMNS = ("op", "error", "payload",
                    *dict.fromkeys(column for columns in RECORD_COLUMNS.values() for column in columns.values()))
 
 
-def route_messages(kinds: list[str], keys: list, payloads: list) -> dict[str, list]:
+def timed_by_message(order_time: str) -> tuple[str, ...]:
+    """Event time: the topic kinds whose rows are timed by their message's time (its event time,
+    else its publish time): every changelog, and the orders with ``enrichment.order_time =
+    event_time`` (else an order's time is its ``createdAt``, a required field)."""
+    return (*(lookup.changelog for lookup in LOOKUPS), *(("orders",) if order_time == "event_time" else ()))
+
+
+def route_messages(kinds: list[str], keys: list, payloads: list, time_errors: list | None = None,
+                   timed_by_message: Iterable[str] = ()) -> dict[str, list]:
     """Validate source messages: the envelope columns they decide, one list per column.
 
     Each message gets op upsert/delete/order/dead; columns a message does not set are null
     (ids 0). Column-wise because the parse step runs this for every message of the job.
+
+    ``time_errors`` (event time): per message, why its own time (its event time, else its
+    publish time) is unknown, or None: the source's ``time_error`` where its ``event_time`` is
+    None. A valid message of a kind in ``timed_by_message`` (:func:`timed_by_message`) with one
+    is a dead letter with that error, since no watermark can decide it; elsewhere the message's
+    time is not used, and it goes on. A bad payload's own error comes first.
     # {"op": ["order", "dead"], "invoice_id": [1, 0], "error": [None, "payload is …"], …}
     """
     n = len(payloads)
@@ -101,12 +116,16 @@ def route_messages(kinds: list[str], keys: list, payloads: list) -> dict[str, li
     targets = {kind: [(name, columns[column], column in TIME_COLUMNS) for name, column in fields.items()]
                for kind, fields in RECORD_COLUMNS.items()}
     parse = wire.parse_payload
+    timed = frozenset(timed_by_message)
     for i, (kind, payload) in enumerate(zip(kinds, payloads)):
         try:
             record = parse(kind, payload)
             deleted = wire.tombstone_key(keys[i]) if record is None else None
         except Exception as exc:  # noqa: BLE001 - no message, whatever its bytes, may fail the batch
             ops[i], errors[i], raw[i] = "dead", dead_letter_error(exc), payload_text(payload)
+            continue
+        if time_errors is not None and time_errors[i] and kind in timed:
+            ops[i], errors[i], raw[i] = "dead", time_errors[i], payload_text(payload)
             continue
         if record is None:
             ops[i] = "delete"
@@ -129,9 +148,11 @@ def dead_letter_error(exc: Exception) -> str:
     return f"cannot read the message: {type(exc).__name__}: {text}"
 
 
-def route_message(kind: str, key: str | None, payload: bytes | None) -> dict:
+def route_message(kind: str, key: str | None, payload: bytes | None, time_error: str | None = None,
+                  timed_by_message: Iterable[str] = ()) -> dict:
     """:func:`route_messages` for one message, as one dict of envelope columns."""
-    return {name: values[0] for name, values in route_messages([kind], [key], [payload]).items()}
+    return {name: values[0] for name, values in
+            route_messages([kind], [key], [payload], [time_error], timed_by_message).items()}
 
 
 def redrive_of(properties_json: str | None) -> str | None:
@@ -169,8 +190,9 @@ def sink_of(row: dict) -> tuple[str, str | None]:
     """The sink of a row that has been through every lookup, and its missing-state reason."""
     if row["op"] == "dead":
         return "dead_letter", None
-    if any(row.get(lookup.found_column) == LATE for lookup in LOOKUPS):  # event time: decided by no lookup
-        return "missing_state", LATE
+    for undecided in UNDECIDED_REASONS:  # event time: late or future, decided by no lookup
+        if any(row.get(lookup.found_column) == undecided for lookup in LOOKUPS):
+            return "missing_state", undecided
     reason = missing_reason(*(row[lookup.found_column] == FOUND for lookup in LOOKUPS))
     return ("missing_state" if reason else "enriched"), reason
 
@@ -191,8 +213,9 @@ def with_sinks(table: pa.Table) -> pa.Table:
         missing = pc.fill_null(pc.not_equal(table[lookup.found_column], FOUND), True)
         joined = pc.binary_join_element_wise(reason, pa.scalar(lookup.reason), "_and_")
         reason = pc.if_else(missing, pc.coalesce(joined, pa.scalar(lookup.reason)), reason)
-    for lookup in LOOKUPS:  # event time: a late order is decided by no lookup
-        reason = pc.if_else(pc.fill_null(pc.equal(table[lookup.found_column], LATE), False), LATE, reason)
+    for undecided in UNDECIDED_REASONS:  # event time: a late or future order is decided by no lookup
+        for lookup in LOOKUPS:
+            reason = pc.if_else(pc.fill_null(pc.equal(table[lookup.found_column], undecided), False), undecided, reason)
     dead = pc.equal(table["op"], "dead")
     reason = pc.if_else(dead, pa.scalar(None, pa.string()), reason)
     sink = pc.if_else(dead, "dead_letter", pc.if_else(pc.is_null(reason), "enriched", "missing_state"))

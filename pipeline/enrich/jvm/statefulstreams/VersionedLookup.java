@@ -49,6 +49,13 @@ import scala.jdk.javaapi.CollectionConverters;
  *   <li>An order seen for the first time (late column null) is late when its time is below
  *       watermark - allowedLateness: it is emitted at once with found = {@code late} and no
  *       state, and a later lookup passes it on as late. Late orders are never dropped.</li>
+ *   <li>An order is from the future when the watermark is above 0 (every changelog partition
+ *       has a time) and its time is more than futureAfter (the out-of-orderness + the future
+ *       horizon) past the watermark: it is emitted at once with found = {@code future} and no
+ *       state (late column 2), and a later lookup passes it on as future. Otherwise an order
+ *       could wait forever (a createdAt in the year 9999). One seen at watermark 0 waits, with
+ *       a timer at 1, and is judged again at the first watermark above 0; once judged not
+ *       future it never becomes so (the watermark only grows).</li>
  *   <li>Otherwise it is decided once the watermark is past its time and, when no record is
  *       current at its time, past its time + maxWait: with the record current at its time, or
  *       the first record within maxWait after it (waited = that version's time - its time), or
@@ -62,22 +69,26 @@ import scala.jdk.javaapi.CollectionConverters;
 public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
   private static final long serialVersionUID = 1L;
   static final String LATE = "late";
+  static final String FUTURE = "future";
+  // The late column of an order: how its time stood when first judged.
+  static final long ON_TIME_FLAG = 0L, LATE_FLAG = 1L, FUTURE_FLAG = 2L;
 
   private final ChangelogLookup.Columns columns;
   private final int eventMs, late, asOf;
   private final StructType versionSchema;  // version_ms, the read order columns, tombstone, state columns
-  private final long maxWaitMs, allowedLatenessMs;
+  private final long maxWaitMs, allowedLatenessMs, futureAfterMs;
   private transient ListState<Row> versions;
   private transient ListState<Row> waiting;
 
   VersionedLookup(ChangelogLookup.Columns columns, String eventMs, String late, String asOf, long maxWaitMs,
-                  long allowedLatenessMs) {
+                  long allowedLatenessMs, long futureAfterMs) {
     this.columns = columns;
     this.eventMs = columns.schema.fieldIndex(eventMs);
     this.late = columns.schema.fieldIndex(late);
     this.asOf = columns.schema.fieldIndex(asOf);
     this.maxWaitMs = maxWaitMs;
     this.allowedLatenessMs = allowedLatenessMs;
+    this.futureAfterMs = futureAfterMs;
     List<StructField> fields = new ArrayList<>();
     fields.add(DataTypes.createStructField("version_ms", DataTypes.LongType, false));
     for (int i = 0; i < columns.order.length; i++) {
@@ -95,12 +106,13 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
    */
   public static Dataset<Row> apply(Dataset<Row> input, String key, String role, String state, String found,
                                    String firstSeen, String waited, String order, String eventMs, String late,
-                                   String asOf, long maxWaitMs, long allowedLatenessMs) {
+                                   String asOf, long maxWaitMs, long allowedLatenessMs, long futureAfterMs) {
     StructType schema = input.schema();
     ChangelogLookup.Columns columns = new ChangelogLookup.Columns(schema, key, role, state.split(","), found,
         firstSeen, waited, order.split(","));
     return KeyedByColumn.group(input, key, Encoders.LONG(), 0L)
-        .transformWithState(new VersionedLookup(columns, eventMs, late, asOf, maxWaitMs, allowedLatenessMs),
+        .transformWithState(new VersionedLookup(columns, eventMs, late, asOf, maxWaitMs, allowedLatenessMs,
+                futureAfterMs),
             TimeMode.EventTime(), OutputMode.Append(), Encoders.row(schema));
   }
 
@@ -145,10 +157,12 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
     List<Row> waits = new ArrayList<>();
     for (Row row : lookups) {
       long time = row.getLong(eventMs);
-      boolean isLate = row.isNullAt(late) ? time < watermark - allowedLatenessMs : row.getLong(late) == 1L;
-      Row judged = with(row, late, isLate ? 1L : 0L);
-      if (isLate) {
+      long flag = row.isNullAt(late) ? flag(time, watermark) : row.getLong(late);
+      Row judged = with(row, late, flag);
+      if (flag == LATE_FLAG) {
         out.add(decide(judged, null, LATE));
+      } else if (flag == FUTURE_FLAG) {
+        out.add(decide(judged, null, FUTURE));
       } else if (!decideIfDue(judged, history, watermark, out)) {
         waits.add(judged);
       }
@@ -203,9 +217,29 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
     return CollectionConverters.asScala(out.iterator());
   }
 
-  /** Decide an order if the watermark allows (adding it to {@code out}); false if it must wait. */
+  /** How an order's time stands at {@code watermark}: late, from the future, or neither. */
+  private long flag(long time, long watermark) {
+    if (time < watermark - allowedLatenessMs) {
+      return LATE_FLAG;
+    }
+    return isFuture(time, watermark) ? FUTURE_FLAG : ON_TIME_FLAG;
+  }
+
+  /** Whether an order's time is more than futureAfter past the watermark (judged above 0 only). */
+  private boolean isFuture(long time, long watermark) {
+    return watermark > 0 && time - watermark > futureAfterMs;  // both times are bounded: no overflow
+  }
+
+  /**
+   * Decide an order if the watermark allows (adding it to {@code out}): from the future (only an
+   * order first judged at watermark 0 can turn out so here), or due; false if it must wait.
+   */
   private boolean decideIfDue(Row row, List<Row> history, long watermark, List<Row> out) {
     long time = row.getLong(eventMs);
+    if (isFuture(time, watermark)) {
+      out.add(decide(with(row, late, FUTURE_FLAG), null, FUTURE));
+      return true;
+    }
     if (watermark <= time) {
       return false;
     }
@@ -240,11 +274,17 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
     return current == null || isTombstone(current) ? null : current;
   }
 
-  /** One timer per waiting order: past its time, or past its time + maxWait once it is due there. */
+  /**
+   * One timer per waiting order: past its time, or past its time + maxWait once it is due there;
+   * at watermark 0, one at 1 as well, where the orders are judged against the future horizon.
+   */
   private void registerTimers(List<Row> waits, List<Row> history, long watermark) {
     for (Row row : waits) {
       long time = row.getLong(eventMs);
       getHandle().registerTimer(watermark <= time ? time + 1 : time + maxWaitMs + 1);
+    }
+    if (watermark <= 0 && !waits.isEmpty()) {
+      getHandle().registerTimer(1L);
     }
   }
 
