@@ -139,6 +139,8 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
         source = source.option("transformArgs", json.dumps({  # and makes a message its time cannot place a dead letter
             "idle_path": str(idle_file(settings.data_dir)),
             "timed_by_message": rules.timed_by_message(settings["enrichment.order_time"])}))
+        # and a quiet stream still gets a batch that moves the idle changelogs' watermarks
+        source = source.option("heartbeatFile", str(idle_file(settings.data_dir)))
     rows = source.load()
     # {"kind": "orders", "op": "order", "user_id": 17, "item_id": 4, …, "user_state": None, "item_state": None}
     # The source's offsets count broker entries; the messages of each batch are counted here.

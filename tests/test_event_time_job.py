@@ -216,3 +216,32 @@ def test_an_idle_changelog_stops_holding_the_watermark_back(broker, tmp_path):
     by_topic = {t["topic"]: t for t in marks["topics"]}
     assert by_topic["users"]["idle"] and by_topic["users"]["watermark_ms"] == T0 + 2_000 - 2_000
     assert by_topic["items"]["newest_ms"] == T0 + 90_000 and marks["watermark_ms"] >= T0 + 39_000
+
+
+def test_a_stream_that_stops_still_decides_what_is_due(broker, tmp_path):
+    """Items, then orders, then user versions, then nothing more: no batch would run without
+    input, so the idle items' heartbeat must move the watermark (the users' newest time less the
+    out-of-orderness is past every order) and every order is decided, with no new message."""
+    topics = {k: f"persistent://public/default/{k}-quiet-{tmp_path.name}" for k in ("users", "items", "orders")}
+    settings = settings_for({"topics": topics}, tmp_path / "quiet", broker, enrichment__idle_timeout="3s")
+    url = broker.service_url
+    publish_timed(url, topics["items"], [("1", wire.encode(item(1)), T0 + 500)])
+    publish_timed(url, topics["orders"], [(f"o{n}", wire.encode(order(n, 1 + n % 2, 1, createdAt=T0 + 1_000 + n * 100)),
+                                           T0 + 1_000 + n * 100) for n in range(100)])
+    publish_timed(url, topics["users"], [(str(u), wire.encode(user(u)), T0 + u * 100) for u in (1, 2)]
+                  + [("1", wire.encode(user(1, firstName="Later1")), T0 + 6_000), ("3", wire.encode(user(3)), T0 + 20_000)])
+    job = JobThread(settings)
+    try:
+        wait_for(lambda: orders_done(settings.data_dir) >= 100 or job.error, timeout=240,
+                 what="every order decided after the stream stopped")
+    finally:
+        job.close()
+    assert job.error is None
+    idle = {e["details"]["topic"] for e in read_events(settings.data_dir, ("topic_idle",))}
+    assert "items" in idle  # the event says it no longer holds the watermark back, and it is true
+    decided = {r["invoice_id"]: r["user_first_name"] for r in rows(settings.data_dir, "enriched")}
+    assert len(decided) == 100 and orders_done(settings.data_dir) == 100
+    # user 1's version as of each order's time: renamed at T0+6s
+    assert all(decided[n] == ("Later1" if T0 + 1_000 + n * 100 >= T0 + 6_000 else "First1")
+               for n in range(0, 100, 2))
+    assert {decided[n] for n in range(1, 100, 2)} == {"First2"}

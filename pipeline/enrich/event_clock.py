@@ -20,6 +20,13 @@ partition):
   metrics store (``topic_idle`` / ``topic_active``, naming the partition). Idleness is
   processing time by nature: where it lets the watermark pass, results can depend on timing,
   as in Flink;
+- time moves without input: Spark runs no batch without new messages, so in a stream that went
+  quiet nothing would count for an idle partition's watermark. The same file carries a
+  heartbeat time (``beat_ms``: the newest event time of the changelog partitions still active,
+  or of all of them when every one is idle), which the source turns into one heartbeat row per
+  idle partition (its ``heartbeatFile`` option): a batch runs, the idle partitions' watermarks
+  move to that time, and the orders the remaining watermark makes due are decided in the batch
+  after, within about ``idle_timeout`` plus two triggers;
 - the newest event time per partition as of each committed batch, kept in the checkpoint
   (:func:`restored_newest`): Spark restores only the job's watermark after a restart, and the
   query is rebuilt with these so a quiet partition does not hold it back anew.
@@ -126,6 +133,18 @@ def idle_topics(last_moved_ms: dict[str, int], backlog: dict[str, int | None], n
         return set()
     return {name for name, moved in last_moved_ms.items()
             if now_ms - moved >= timeout_ms and not (backlog.get(name) or 0)}
+
+
+def heartbeat_ms(newest: dict[str, int], idle: set[str]) -> int | None:
+    """The time a heartbeat moves idle changelog partitions to: the newest event time of the
+    changelog partitions still active, or of all of them when every one is idle (None while
+    none is idle, or none has a time)."""
+    if not idle:
+        return None
+    changelogs = {name: ms for name, ms in newest.items() if topic_of_clock(name) in CHANGELOGS}
+    active = [ms for name, ms in changelogs.items() if name not in idle]
+    times = active or list(changelogs.values())
+    return max(times) if times else None
 
 
 def topic_watermark(partitions: list[dict]) -> int | None:
@@ -252,9 +271,11 @@ class EventClockListener(ProgressListener):
         os.replace(tmp, target)
 
     def write_idle(self, idle: set[str]) -> None:
+        """The idle partitions, and the heartbeat time they move to (none while none is idle)."""
+        beat_ms = heartbeat_ms(self.newest, idle)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"idle": sorted(idle)}))
+        tmp.write_text(json.dumps({"idle": sorted(idle), **({"beat_ms": beat_ms} if beat_ms is not None else {})}))
         os.replace(tmp, self.path)
 
 

@@ -155,6 +155,7 @@ def with_event_watermarks(frame, order_time: str, out_of_orderness_ms: int, rest
     """
     from pyspark.sql import functions as F
 
+    from pipeline.source.reader import HEARTBEAT_KIND
     from pipeline.wire import MAX_TIME_MS, MIN_TIME_MS
 
     message_time = F.coalesce(F.col("event_time"), F.col("published_at"))
@@ -193,7 +194,8 @@ def with_event_watermarks(frame, order_time: str, out_of_orderness_ms: int, rest
                                                                          F.col("event_ms"))).alias("newest_ms"))
             if on_every_row is not None:
                 side = on_every_row(side)
-        keep = everything_else if index == 0 else own
+        # a heartbeat row (an idle partition's, from the source) has moved the watermark: it goes here
+        keep = (everything_else & (kind != HEARTBEAT_KIND)) if index == 0 else own
         stamp = F.col(WATERMARK_COLUMN)
         # The cut must stay above the watermark: Spark pushes a filter below a watermark unless it
         # reads the watermark column, and the branch's watermark must see every row of the batch.

@@ -39,6 +39,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from pipeline import wire
+from pipeline.source.reader import HEARTBEAT_KIND
 from pipeline.enrich import rules
 
 ENVELOPE_ARROW_SCHEMA = rules.ENVELOPE_ARROW_SCHEMA
@@ -48,6 +49,10 @@ FROM_SOURCE = {"kind": "kind", "source_topic": "topic", "source_partition": "par
 DECIDED = rules.DECIDED_COLUMNS
 DECIDED_SCHEMA = pa.schema([ENVELOPE_ARROW_SCHEMA.field(name) for name in ENVELOPE_ARROW_SCHEMA.names
                             if name in DECIDED])
+
+# A heartbeat row of the source (an idle partition's, event time only) becomes a ``tick``: it
+# moves the watermark (lookups.with_event_watermarks) and is dropped right after.
+TICK = "tick"
 
 FAST_MAX_BYTES = 4096
 SLOW_GROUP = 16  # a refused group this small goes message by message
@@ -72,7 +77,12 @@ def parse_batches(batches: Iterator[pa.RecordBatch], idle_path: str | None = Non
     """
     idle = read_idle(idle_path)
     for batch in batches:
-        decided = decide_batch(batch, tuple(timed_by_message))
+        if batch.num_rows and batch.column("kind")[0].as_py() == HEARTBEAT_KIND:  # a heartbeat's own task
+            decided = pa.RecordBatch.from_arrays(
+                [pa.repeat(pa.scalar(TICK, pa.string()), batch.num_rows) if field.name == "op"
+                 else pa.nulls(batch.num_rows, field.type) for field in DECIDED_SCHEMA], schema=DECIDED_SCHEMA)
+        else:
+            decided = decide_batch(batch, tuple(timed_by_message))
         arrays = []
         for field in ENVELOPE_ARROW_SCHEMA:
             if field.name in DECIDED:

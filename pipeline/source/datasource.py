@@ -33,6 +33,13 @@ Options:
   and the others' newest entries are asked first. ``shareAfter`` (default 10): after that many
   batches in a row that the changelogs filled while others waited, the others get a fair share.
   A changelog being replayed shares fairly from the start.
+- ``heartbeatFile``: a JSON file ``{"idle": ["items", "users/0"], "beat_ms": T}`` that says
+  which partitions are idle (named ``kind`` for a topic that is not partitioned, else
+  ``kind/partition``) and a time. When it names an idle partition whose last heartbeat is older
+  than T, the source advances that partition's heartbeat in its offset (``beat_ms``), so Spark
+  runs a batch with no new message, and yields one row for it: kind ``heartbeat``, that
+  partition, event time T, no key or value. Event time uses it to move the watermark of a
+  stream that went quiet (pipeline/enrich/event_clock.py); re-reading the batch gives the same row.
 - ``statsDir``: a folder where read tasks record what each partition's entries hold, for the
   estimates above (without it every batch is planned with the cold guess).
 - ``startingOffsets``: ``earliest`` (default), or JSON like ``{"orders": "latest"}``.
@@ -155,6 +162,14 @@ class PulsarPartition(InputPartition):
         self.kind, self.topic, self.rng = kind, topic, rng
 
 
+class HeartbeatPartition(InputPartition):
+    """One heartbeat row of an idle partition (option ``heartbeatFile``)."""
+
+    def __init__(self, kind: str, partition: str, beat_ms: int):
+        super().__init__((rd.HEARTBEAT_KIND, kind, partition))
+        self.kind, self.partition, self.beat_ms = kind, partition, int(beat_ms)
+
+
 class PulsarStreamReader(DataSourceStreamReader):
     """Plans batches on the driver (newest entry ids) and reads them on executors (read_range)."""
 
@@ -173,6 +188,7 @@ class PulsarStreamReader(DataSourceStreamReader):
             raise SourceError(f"option 'changelogs' names {sorted(self.changelogs - set(self.topics))}, "
                               f"which are not in option 'topics' ({sorted(self.topics)})")
         self.stats_dir = options.get("statsDir") or None
+        self.heartbeat_file = options.get("heartbeatFile") or None
         self.starting = parse_starting_offsets(options.get("startingOffsets"), list(self.topics))
         self.control_dir = Path(options["controlDir"]) if options.get("controlDir") else None
         self.auth_token = options.get("authToken") or None
@@ -254,9 +270,10 @@ class PulsarStreamReader(DataSourceStreamReader):
             cost = {key: size.cost(max_rows, self.max_bytes) for key, size in sizes.items()}
             plan = planning.plan_batch(available, cost, {key for key in available if key.split("\x00")[0] in first},
                                        held_for, self.share_after)
-        if not any(plan.grants.values()):
-            return offset  # nothing to read: the same offset, so Spark runs no batch
         end = json.loads(json.dumps(offset))
+        beats = self._heartbeats(end)
+        if not any(plan.grants.values()):
+            return end if beats else offset  # nothing to read or beat: the same offset, so Spark runs no batch
         admitted = {kind: {"entries": 0, "messages": 0, "bytes": 0} for kind in end}
         for key, grant in plan.grants.items():
             if grant:
@@ -283,6 +300,25 @@ class PulsarStreamReader(DataSourceStreamReader):
             topic = latest.setdefault(kind, {"gen": gen, "parts": {}})
             topic["parts"][p] = {"n": n, "id": last}
         return latest
+
+    def _heartbeats(self, offset: dict) -> int:
+        """Advance, in ``offset``, the heartbeat of each idle partition the heartbeat file names
+        whose last one is older than the file's time; returns how many moved."""
+        if not self.heartbeat_file:
+            return 0
+        try:
+            beat = json.loads(Path(self.heartbeat_file).read_text())
+            beat_ms, idle = int(beat["beat_ms"]), [str(name) for name in beat["idle"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0  # no heartbeat yet (or a file being replaced): the next trigger looks again
+        moved = 0
+        for name in idle:
+            kind, _, partition = name.partition("/")
+            part = offset.get(kind, {}).get("parts", {}).get(str(int(partition)) if partition else "-1")
+            if part is not None and part.get("beat_ms", -(1 << 62)) < beat_ms:
+                part["beat_ms"] = beat_ms
+                moved += 1
+        return moved
 
     def _apply_replay_requests(self, offset: dict) -> dict:
         """Switch a changelog topic to a new generation when a newer replay request exists."""
@@ -318,7 +354,10 @@ class PulsarStreamReader(DataSourceStreamReader):
             per_entry = (sizes.get((rng.topic, rng.partition)) or planning.cold_size(None)).messages
             split_entries = max(1, int(self.split_rows / max(per_entry, 1.0)))
             pieces.extend(off.split_range(rng, off.entry_id_at(rng), split_entries))
-        return [PulsarPartition(r.topic, self.topics[r.topic], r) for r in pieces]
+        beats = [HeartbeatPartition(kind, p, part["beat_ms"]) for kind, topic_end in end.items()
+                 for p, part in topic_end["parts"].items()
+                 if "beat_ms" in part and part["beat_ms"] != ((start or {}).get(kind, {}).get("parts", {}).get(p) or {}).get("beat_ms")]
+        return [PulsarPartition(r.topic, self.topics[r.topic], r) for r in pieces] + beats
 
     def commit(self, end: dict) -> None:
         """Nothing to acknowledge: readers are non-durable, and retention keeps the changelogs."""
@@ -327,7 +366,12 @@ class PulsarStreamReader(DataSourceStreamReader):
         """Nothing to close: planning keeps no reader open."""
 
     # ------------------------------------------------------------------ executor side
-    def read(self, partition: PulsarPartition):
+    def read(self, partition):
+        if isinstance(partition, HeartbeatPartition):
+            beat = rd.heartbeat_row(partition.partition, partition.beat_ms)
+            transform = load_transform(self.transform, self.transform_args)
+            yield from transform(iter([beat])) if transform else [beat]
+            return
         read = [0, 0]  # messages, bytes: what this range's entries held, for the planner's estimates
 
         def counted(batches):

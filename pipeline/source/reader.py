@@ -442,3 +442,17 @@ SPARK_SCHEMA = ("kind string, topic string, partition int, message_id string, po
                 "key string, value binary, publish_time timestamp, properties string, event_time long, "
                 "time_error string")
 SPARK_SCHEMA_NAMES = [column.split()[0] for column in SPARK_SCHEMA.split(", ")]
+
+
+HEARTBEAT_KIND = "heartbeat"  # the kind of a heartbeat row: no topic's (datasource.py, option heartbeatFile)
+
+
+def heartbeat_row(partition: str, beat_ms: int):
+    """The one row of a heartbeat of an idle partition: event time ``beat_ms``, no key, no value,
+    an id no message has (``heartbeat:<ms>``); every other column None."""
+    import pyarrow as pa
+
+    schema = arrow_schema()
+    values = {"kind": HEARTBEAT_KIND, "partition": int(partition), "message_id": f"{HEARTBEAT_KIND}:{beat_ms}",
+              "position": 0, "generation": 0, "event_time": int(beat_ms)}
+    return pa.RecordBatch.from_pylist([{name: values.get(name) for name in schema.names}], schema=schema)
