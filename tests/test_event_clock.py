@@ -173,3 +173,13 @@ def test_the_changelog_partitions_are_asked_with_the_token(monkeypatch):
     got = event_clock.changelog_partitions("pulsar://x:1", {"users": "u", "items": "i", "orders": "o"}, token="t")
     assert got == {"users": [0, 1], "items": [-1]}
     assert asked == [("pulsar://x:1", "u", "t"), ("pulsar://x:1", "i", "t")]  # orders hold no watermark
+
+
+def test_a_heartbeat_moves_idle_partitions_to_the_newest_active_changelog_time():
+    from pipeline.enrich.event_clock import heartbeat_ms
+
+    newest = {"users/0": 9_000, "users/1": 4_000, "items": 2_000, "orders": 99_000}
+    assert heartbeat_ms(newest, set()) is None  # nothing idle: no heartbeat
+    assert heartbeat_ms(newest, {"items"}) == 9_000  # the active changelogs' newest, never the orders'
+    assert heartbeat_ms(newest, {"items", "users/0", "users/1"}) == 9_000  # all idle: the newest of all
+    assert heartbeat_ms({}, {"items"}) is None

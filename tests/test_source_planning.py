@@ -195,3 +195,24 @@ def test_a_range_is_read_whole_and_its_reader_closed_before_its_first_batch_is_h
     next(batches)
     assert not closed
     assert sum(b.num_rows for b in batches) == 70_000 - first.num_rows and closed
+
+
+def test_an_idle_partition_gets_a_heartbeat_once_per_time_and_a_row_of_its_own(tmp_path):
+    """The heartbeat file names idle partitions and a time: each moves its ``beat_ms`` once per
+    newer time (so Spark runs a batch with no message), and the batch reads one heartbeat row."""
+    beat = tmp_path / "idle.json"
+    reader = make_reader("pulsar://127.0.0.1:9", {"users": "persistent://public/default/u",
+                                                  "items": "persistent://public/default/i"}, heartbeatFile=str(beat))
+    start = off.initial_offset({"users": ["0", "1"], "items": ["-1"]})
+    assert reader._heartbeats(json.loads(json.dumps(start))) == 0  # no file yet
+    beat.write_text(json.dumps({"idle": ["items", "users/1"], "beat_ms": 5_000}))
+    end = json.loads(json.dumps(start))
+    assert reader._heartbeats(end) == 2
+    assert end["items"]["parts"]["-1"]["beat_ms"] == end["users"]["parts"]["1"]["beat_ms"] == 5_000
+    assert "beat_ms" not in end["users"]["parts"]["0"]
+    assert reader._heartbeats(json.loads(json.dumps(end))) == 0  # the same time again: no new batch
+    pieces = reader.partitions(start, end)
+    assert sorted((p.kind, p.partition, p.beat_ms) for p in pieces) == [("items", "-1", 5_000), ("users", "1", 5_000)]
+    (row,) = [r for piece in pieces[:1] for batch in reader.read(piece) for r in batch.to_pylist()]
+    assert (row["kind"], row["event_time"], row["key"], row["value"]) == ("heartbeat", 5_000, None, None)
+    assert reader.partitions(end, end) == []  # re-planned after a crash: the same (no) rows
