@@ -182,7 +182,7 @@ def load_control():
 def render_confirmed_action(
     key: str,
     button_label: str,
-    summary: str,
+    summary: str | Callable[[], str],
     perform: Callable[[], str],
     settings: Settings,
     disabled: bool = False,
@@ -190,7 +190,7 @@ def render_confirmed_action(
     """A control button that acts only after confirmation, and the admin token if one is set.
 
     Clicking ``button_label`` opens a confirmation panel that repeats ``summary`` (what will
-    happen); the action runs when the box is ticked, the token (if configured) matches and
+    happen; a callable is asked only when the panel opens, e.g. for a re-drive's plan); the action runs when the box is ticked, the token (if configured) matches and
     "Confirm" is pressed. ``perform`` returns the line to show on success; a
     StatefulStreamsError it raises is shown as an error. The token is never displayed.
     """
@@ -203,6 +203,11 @@ def render_confirmed_action(
     if not st.session_state.get(pending):
         return
     with st.container(border=True):
+        try:
+            summary = summary() if callable(summary) else summary
+        except StatefulStreamsError as exc:
+            st.error(str(exc))
+            return
         st.warning(f"**Please confirm:** {summary}", icon=":material/help:")
         confirmed = st.checkbox("Yes, I want to do this", key=f"{key}_confirm")
         configured_token = settings["app.admin_token"]

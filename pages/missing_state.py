@@ -151,15 +151,20 @@ def render_redrive(invoice_ids: list[int]) -> None:
                "so the job enriches them against today's state.")
     chosen = st.multiselect("Orders to re-drive (invoice ids from the table above)", invoice_ids, key="redrive_invoices")
 
-    def perform() -> str:
-        count = views.load_control().redrive(settings, invoice_ids=list(chosen), requested_by="console")
-        return f"Re-drove {count} missing-state order line(s) to {settings.topics['orders']}."
+    def preview() -> str:
+        plan = views.load_control().plan_redrive(settings, invoice_ids=list(chosen))
+        return (f"republish the missing-state orders of invoice(s) {', '.join(map(str, chosen))} to the orders topic: "
+                f"{plan.describe()}. An order goes out at most once; rows already re-driven and orders enriched "
+                "since are skipped.")
 
-    views.render_confirmed_action(
-        "redrive", f"Re-drive {len(chosen)} order(s)…",
-        f"republish the missing-state orders of invoice(s) {', '.join(map(str, chosen))} to the orders topic.",
-        perform, settings, disabled=not chosen,
-    )
+    def perform() -> str:
+        plan = views.load_control().redrive(settings, invoice_ids=list(chosen), requested_by="console")
+        skipped = ", ".join(f"{n} {why}" for why, n in plan.skipped.items())
+        return (f"Re-drove {plan.count} missing-state order line(s) to {settings.topics['orders']}."
+                + (f" Skipped {sum(plan.skipped.values())}: {skipped}." if skipped else ""))
+
+    views.render_confirmed_action("redrive", f"Re-drive {len(chosen)} order(s)…", preview, perform, settings,
+                                  disabled=not chosen)
 
 
 render_overview()

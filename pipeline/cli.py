@@ -139,9 +139,11 @@ def cmd_replay(args, settings):
 def cmd_redrive(args, settings):
     from pipeline import control
 
-    count = control.redrive(settings, invoice_ids=args.invoice, user_id=args.user, item_id=args.item,
-                            reason=args.reason, requested_by="cli")
-    print(f"re-drove {count} missing-state orders to {settings.topics['orders']}")
+    plan = control.redrive(settings, invoice_ids=args.invoice, user_id=args.user, item_id=args.item,
+                           reason=args.reason, requested_by="cli")
+    skipped = sum(plan.skipped.values())
+    print(f"re-drove {plan.count} missing-state order line(s) to {settings.topics['orders']}"
+          + (f"; skipped {skipped}: " + ", ".join(f"{n} {why}" for why, n in plan.skipped.items()) if skipped else ""))
 
 
 def cmd_state(args, settings):

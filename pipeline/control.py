@@ -5,7 +5,8 @@ both act the same way. Savepoints and restores live in pipeline/savepoints.py an
 in pipeline/lock.py; they are re-exported here as part of that one surface.
 
 - A **replay** request is a file the running job's source picks up (see pipeline/source/offsets.py).
-- A **re-drive** republishes missing-state orders with a ``redrive-of`` property.
+- A **re-drive** republishes missing-state orders with a ``redrive-of`` property, each order at
+  most once, skipping rows already re-driven and orders enriched since (:func:`plan_redrive`).
 - A **state look-up** runs ``python -m pipeline state`` in a process of its own.
 """
 
@@ -14,14 +15,16 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from pipeline import store, wire
 from pipeline.config import Settings
 from pipeline.enrich.lookups import MISSING_REASONS
+from pipeline.enrich.rules import REDRIVE_PROPERTY
 from pipeline.errors import ControlError
-from pipeline.lock import JobLock, acquire_job_lock, job_is_running  # noqa: F401 - the control surface
-from pipeline.metrics import MetricsStore, iso, now_ms
+from pipeline.lock import JobLock, acquire_job_lock, file_lock, job_is_running  # noqa: F401 - the control surface
+from pipeline.metrics import MetricsStore, iso, now_ms, read_rows
 from pipeline.savepoints import (  # noqa: F401 - the control surface
     SavepointInfo, check_name, list_savepoints, recover_restore, restore_savepoint, take_savepoint)
 
@@ -61,13 +64,16 @@ def request_replay(settings: Settings, topic: str, from_time: str | datetime | N
     folder = store.replay_requests_dir(settings.data_dir)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        seqs = [int(p.stem) for p in folder.glob("*.json") if p.stem.isdigit()]
-        seq = max(seqs, default=0) + 1
-        request = {"seq": seq, "topic": topic, "from": "earliest" if from_ms is None else iso(from_ms),
-                   "from_ms": from_ms, "requested_at": iso(now_ms()), "requested_by": requested_by}
-        tmp = folder / f".{seq:08d}.tmp"
-        tmp.write_text(json.dumps(request))
-        os.rename(tmp, folder / f"{seq:08d}.json")
+        # Numbered under a lock, so two requests at once never get the same number; a request
+        # file is renamed into place before the lock drops, so the next one sees it.
+        with file_lock(folder / ".seq.lock"):
+            seqs = [int(p.stem) for p in folder.glob("*.json") if p.stem.isdigit()]
+            seq = max(seqs, default=0) + 1
+            request = {"seq": seq, "topic": topic, "from": "earliest" if from_ms is None else iso(from_ms),
+                       "from_ms": from_ms, "requested_at": iso(now_ms()), "requested_by": requested_by}
+            tmp = folder / f".{seq:08d}.tmp"
+            tmp.write_text(json.dumps(request))
+            os.rename(tmp, folder / f"{seq:08d}.json")
     except OSError as exc:
         raise ControlError(f"cannot write the replay request under {str(folder)!r}: {exc.strerror or exc}") from exc
     MetricsStore(settings.data_dir).event("replay_requested", f"replay #{seq} of {topic} from {request['from']} "
@@ -77,11 +83,37 @@ def request_replay(settings: Settings, topic: str, from_time: str | datetime | N
 
 
 # ---------------------------------------------------------------------------- re-drive
+# Why a matching missing-state row is not republished (RedrivePlan.skipped).
+SKIP_REDRIVEN = "already re-driven"  # a later row (or a re-drive not read back yet) points at it
+SKIP_ENRICHED = "enriched since"  # the order has an enriched row: republishing it would add another
+SKIP_DUPLICATE = "older row of an order with a newer one"  # e.g. two re-drives of one row
+
+
+@dataclass
+class RedrivePlan:
+    """What a re-drive request does: the rows it republishes (one per order line, the newest row
+    not re-driven yet) and, per reason, how many matching rows it skips."""
+
+    rows: list[dict] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def count(self) -> int:
+        return len(self.rows)
+
+    def describe(self) -> str:
+        """One line for a person: ``2 order line(s) will be republished; 3 skipped: 2 already re-driven, …``."""
+        line = f"{self.count} order line(s) will be republished"
+        if self.skipped:
+            line += f"; {sum(self.skipped.values())} skipped: " + ", ".join(f"{n} {why}" for why, n in self.skipped.items())
+        return line
+
+
 def find_missing(settings: Settings, invoice_ids=None, user_id=None, item_id=None, reason=None) -> list[dict]:
-    """Missing-state rows matching the selector (all of its given parts)."""
+    """Missing-state rows matching the selector (all of its given parts), oldest first."""
     import duckdb
 
-    if not store.sink_dir(settings.data_dir, "missing_state").exists():
+    if not _has_rows(settings, "missing_state"):
         return []
     where, params = [], []
     if invoice_ids:
@@ -98,20 +130,94 @@ def find_missing(settings: Settings, invoice_ids=None, user_id=None, item_id=Non
         return [dict(zip(columns, row)) for row in rel.fetchall()]
 
 
-def _ms(value) -> int:
-    return -1 if value is None else int(value.timestamp() * 1000)
+def _has_rows(settings: Settings, sink: str) -> bool:
+    folder = store.sink_dir(settings.data_dir, sink)
+    return folder.exists() and next(folder.rglob("*.parquet"), None) is not None
 
 
-def redrive(settings: Settings, invoice_ids: list[int] | None = None, user_id: int | None = None,
-            item_id: int | None = None, reason: str | None = None, requested_by: str = "console") -> int:
-    """Republish matching missing-state orders to the orders topic; returns how many."""
+def _redriven(settings: Settings, message_ids: list[str]) -> set[str]:
+    """Which of ``message_ids`` were re-driven already: a sink row's ``redrive_of`` points at it,
+    or an earlier re-drive event republished it (the job may not have read that message yet)."""
+    import duckdb
+
+    found = set()
+    with duckdb.connect() as con:
+        for sink in ("missing_state", "enriched"):
+            if _has_rows(settings, sink):
+                found |= {row[0] for row in con.execute(
+                    "SELECT DISTINCT redrive_of FROM read_parquet(?) WHERE list_contains(?, redrive_of)",
+                    [store.sink_glob(settings.data_dir, sink), message_ids]).fetchall()}
+    for event in read_rows(settings.data_dir, "events"):
+        if event.get("kind") == "redrive":
+            found |= set(event.get("details", {}).get("message_ids") or []) & set(message_ids)
+    return found
+
+
+def _enriched_orders(settings: Settings, invoice_ids: list[int]) -> set[tuple[int, int]]:
+    """The (invoice id, line item id) of ``invoice_ids`` that have an enriched row."""
+    import duckdb
+
+    if not _has_rows(settings, "enriched"):
+        return set()
+    with duckdb.connect() as con:
+        return set(con.execute("SELECT DISTINCT invoice_id, line_item_id FROM read_parquet(?) WHERE list_contains(?, invoice_id)",
+                               [store.sink_glob(settings.data_dir, "enriched"), invoice_ids]).fetchall())
+
+
+def plan_redrive(settings: Settings, invoice_ids: list[int] | None = None, user_id: int | None = None,
+                 item_id: int | None = None, reason: str | None = None) -> RedrivePlan:
+    """What :func:`redrive` would republish for this selector, and what it would skip; sends nothing.
+
+    Each order line (invoice id, line item id) is decided by its newest matching row: skipped if a
+    later row (or an earlier re-drive not read back yet) points at it, or if the order has an
+    enriched row; republished otherwise. Its older rows are skipped, so an order goes out at most once.
+    """
     if not (invoice_ids or user_id is not None or item_id is not None or reason):
         raise ControlError("re-drive needs a selector: invoice ids, a user id, an item id or a reason")
     if reason is not None and reason not in MISSING_REASONS:
         raise ControlError(f"reason {reason!r} is not one of {', '.join(MISSING_REASONS)}")
     rows = find_missing(settings, invoice_ids, user_id, item_id, reason)
+    plan = RedrivePlan()
     if not rows:
-        return 0
+        return plan
+    redriven = _redriven(settings, [row["source_message_id"] for row in rows])
+    enriched = _enriched_orders(settings, sorted({int(row["invoice_id"]) for row in rows}))
+    decided: set[tuple[int, int]] = set()
+    for row in reversed(rows):  # newest first: an order's newest row decides, its older rows are skipped
+        order = (row["invoice_id"], row["line_item_id"])
+        why = (SKIP_REDRIVEN if row["source_message_id"] in redriven else SKIP_DUPLICATE if order in decided
+               else SKIP_ENRICHED if order in enriched else None)
+        decided.add(order)
+        if why:
+            plan.skipped[why] = plan.skipped.get(why, 0) + 1
+        else:
+            plan.rows.append(row)
+    plan.rows.reverse()
+    return plan
+
+
+def _ms(value) -> int:
+    return -1 if value is None else int(value.timestamp() * 1000)
+
+
+def redrive(settings: Settings, invoice_ids: list[int] | None = None, user_id: int | None = None,
+            item_id: int | None = None, reason: str | None = None, requested_by: str = "console") -> RedrivePlan:
+    """Republish matching missing-state orders to the orders topic, each at most once (see
+    :func:`plan_redrive`), with the ``redrive-of`` property naming the row re-driven; returns the
+    plan it carried out. Every request is an event, with the message ids it republished."""
+    plan = plan_redrive(settings, invoice_ids, user_id, item_id, reason)
+    if plan.rows:
+        _publish(settings, plan.rows)
+    selector = {k: v for k, v in {"invoice_ids": invoice_ids, "user_id": user_id, "item_id": item_id,
+                                  "reason": reason}.items() if v is not None and v != []}
+    MetricsStore(settings.data_dir).event(
+        "redrive", f"{plan.describe().replace('will be', 'were')} by {requested_by}", count=plan.count,
+        skipped=plan.skipped, requested_by=requested_by, selector=selector,
+        message_ids=[row["source_message_id"] for row in plan.rows])
+    return plan
+
+
+def _publish(settings: Settings, rows: list[dict]) -> None:
     from pipeline.broker import resolve_service_url
     from pipeline.topics import make_client
 
@@ -123,17 +229,12 @@ def redrive(settings: Settings, invoice_ids: list[int] | None = None, user_id: i
                       "itemId": row["item_id"], "itemName": row["item_name"], "itemCategory": row["item_category"],
                       "price": row["price"], "createdAt": _ms(row["created_at"]), "paidAt": _ms(row["paid_at"])}
             producer.send_async(wire.encode(record), None, partition_key=wire.message_key("orders", record),
-                                properties={"redrive-of": row["source_message_id"]})
+                                properties={REDRIVE_PROPERTY: row["source_message_id"]})
         producer.flush()
     except Exception as exc:
         raise ControlError(f"re-drive to {settings.topics['orders']!r} failed: {exc}") from exc
     finally:
         client.close()
-    selector = {k: v for k, v in {"invoice_ids": invoice_ids, "user_id": user_id, "item_id": item_id,
-                                  "reason": reason}.items() if v}
-    MetricsStore(settings.data_dir).event("redrive", f"{len(rows)} missing-state orders re-driven by {requested_by}",
-                                          count=len(rows), requested_by=requested_by, selector=selector)
-    return len(rows)
 
 
 def wait_until_stopped(settings: Settings, timeout_s: float = 60.0) -> bool:

@@ -2,14 +2,17 @@
 
 It is an ``flock`` on ``<data_dir>/job.lock``, held by the running job and by a restore, so a
 second job on the same data dir refuses to start and a restore never runs under a live job,
-however the holder ended (``kill -9`` included).
+however the holder ended (``kill -9`` included). :func:`file_lock` is the same kind of lock for
+shorter critical sections (savepoint takes, replay numbering, the embedded broker).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
+import time
 from pathlib import Path
 
 from pipeline import store
@@ -35,8 +38,17 @@ class JobLock:
         self.release()
 
 
+# A probe (job_is_running) holds the lock shared for microseconds; a taker retries this long
+# before it concludes that a job or restore holds it.
+PROBE_GRACE_S = 1.0
+
+
 def acquire_job_lock(settings: Settings, holder: str = "job") -> JobLock:
-    """Take the data dir's job lock without waiting; a ControlError if a job or restore holds it."""
+    """Take the data dir's job lock; a ControlError if a job or restore holds it.
+
+    It does not wait for a holder, only out :data:`PROBE_GRACE_S` of probes: a job or restore
+    holds the lock for its whole run, a :func:`job_is_running` probe for a few microseconds.
+    """
     data_dir = store.ensure_data_dir(settings.data_dir)
     path = store.job_lock_path(data_dir)
     try:
@@ -44,7 +56,7 @@ def acquire_job_lock(settings: Settings, holder: str = "job") -> JobLock:
     except OSError as exc:
         raise ControlError(f"cannot open the job lock {str(path)!r}: {exc.strerror or exc}") from exc
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _flock_within(fd, fcntl.LOCK_EX, PROBE_GRACE_S)
     except OSError as exc:
         try:
             owner = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
@@ -72,3 +84,33 @@ def job_is_running(settings: Settings) -> bool:
         return True
     finally:
         os.close(fd)  # also drops the shared lock, if taken
+
+
+def _flock_within(fd: int, operation: int, timeout_s: float | None) -> None:
+    """``flock(fd, operation)``, retried every 5 ms for ``timeout_s`` (None: wait as long as it takes)."""
+    if timeout_s is None:
+        fcntl.flock(fd, operation)
+        return
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN) or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.005)
+
+
+@contextlib.contextmanager
+def file_lock(path: Path, shared: bool = False, timeout_s: float | None = None):
+    """Hold an ``flock`` on ``path`` (created 0600) for the ``with`` block; the OS drops it if we die.
+
+    Waits ``timeout_s`` seconds for it (None: as long as it takes), then raises BlockingIOError.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        _flock_within(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX, timeout_s)
+        yield fd
+    finally:
+        os.close(fd)

@@ -35,7 +35,7 @@ from pathlib import Path
 from pipeline import store
 from pipeline.config import Settings, pulsar_admin_headers
 from pipeline.errors import ControlError
-from pipeline.lock import acquire_job_lock
+from pipeline.lock import acquire_job_lock, file_lock
 from pipeline.metrics import MetricsStore, iso, now_ms
 from pipeline.sinks import SinkWriter, last_committed_batch
 
@@ -85,13 +85,45 @@ def check_name(name: str) -> str:
 
 def take_savepoint(settings: Settings, name: str | None = None) -> SavepointInfo:
     """Copy the checkpoint at its last committed batch under ``savepoints/<name>``. On any
-    failure (a full disk) nothing is left behind and the error is one line."""
+    failure (a full disk) nothing is left behind and the error is one line; what a killed take
+    left (``.<name>.tmp``) is removed when the next take or the job starts."""
     name = check_name(name or datetime.now(timezone.utc).strftime("sp-%Y%m%d-%H%M%S"))
     checkpoint = store.checkpoint_dir(settings.data_dir)
     target = store.savepoints_dir(settings.data_dir) / name
     if target.exists():
         raise ControlError(f"savepoint {name!r} already exists; choose another name")
     tmp = target.with_name(f".{name}.tmp")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ControlError(f"cannot create {str(target.parent)!r}: {exc.strerror or exc}") from exc
+    # One take at a time: under the lock every ``.<name>.tmp`` is a leftover of a killed take.
+    with file_lock(target.parent / TAKE_LOCK):
+        clean_leftovers(target.parent)
+        if target.exists():
+            raise ControlError(f"savepoint {name!r} already exists; choose another name")
+        size, batch_id, info = _write_savepoint(settings, checkpoint, tmp, target, name)
+    MetricsStore(settings.data_dir).event("savepoint_taken", f"savepoint {name!r} taken at batch {batch_id}",
+                                          name=name, batch_id=batch_id, size_bytes=size)
+    return SavepointInfo(path=target, **info)
+
+
+TAKE_LOCK = ".take.lock"
+
+
+def clean_leftovers(root: Path) -> list[str]:
+    """Remove the ``.<name>.tmp`` copies that killed takes left under ``root``; call it holding the take lock."""
+    removed = []
+    for leftover in root.glob(".*.tmp"):
+        shutil.rmtree(leftover, ignore_errors=True)
+        removed.append(leftover.name)
+    if removed:
+        log.warning("removed %d savepoint copies that killed takes left behind: %s", len(removed), ", ".join(removed))
+    return removed
+
+
+def _write_savepoint(settings: Settings, checkpoint: Path, tmp: Path, target: Path, name: str):
+    """Copy the checkpoint into ``tmp``, then rename it to ``target``; nothing is left on failure."""
     try:
         for attempt in range(3):
             batch_id = last_committed_batch(checkpoint)
@@ -116,9 +148,7 @@ def take_savepoint(settings: Settings, name: str | None = None) -> SavepointInfo
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    MetricsStore(settings.data_dir).event("savepoint_taken", f"savepoint {name!r} taken at batch {batch_id}",
-                                          name=name, batch_id=batch_id, size_bytes=size)
-    return SavepointInfo(path=target, **info)
+    return size, batch_id, info
 
 
 def list_savepoints(settings: Settings) -> list[SavepointInfo]:
@@ -170,6 +200,13 @@ def recover_restore(settings: Settings) -> str | None:
     done = _settle_restore(settings)
     if done:
         log.warning("%s: a restore was cut short", done)
+    root = store.savepoints_dir(settings.data_dir)
+    if root.exists():
+        try:
+            with file_lock(root / TAKE_LOCK, timeout_s=0):
+                clean_leftovers(root)
+        except BlockingIOError:
+            pass  # a take is running; the next take cleans up
     return done
 
 

@@ -17,7 +17,9 @@ from streamlit.testing.v1 import AppTest
 from app import console_math
 from app.views import format_count, format_ms
 from app_fixtures import empty_data_dir, fixture_data, read_metrics  # noqa: F401 - fixtures
+from pipeline import control as REAL_CONTROL
 from pipeline import store
+from pipeline.config import load_settings
 from pipeline.errors import ControlError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,9 +56,12 @@ class FakeControl(types.ModuleType):
                  "waiting": [] if lookup == "users" else [{"invoice_id": 5, "source_message_id": "1:2:-1:-1"}]}
                 for lookup, key in keys]
 
+    def plan_redrive(self, settings, invoice_ids=None, user_id=None, item_id=None, reason=None):
+        return REAL_CONTROL.plan_redrive(settings, invoice_ids, user_id, item_id, reason)  # reads only
+
     def redrive(self, settings, invoice_ids=None, user_id=None, item_id=None, reason=None, requested_by="console"):
         self._record("redrive", invoice_ids=invoice_ids, requested_by=requested_by)
-        return len(invoice_ids or [])
+        return REAL_CONTROL.RedrivePlan(rows=[{"invoice_id": i} for i in invoice_ids or []])
 
     def request_replay(self, settings, topic, from_time=None, requested_by="console"):
         self._record("request_replay", topic, from_time=from_time, requested_by=requested_by)
@@ -203,6 +208,24 @@ def test_redrive_asks_for_confirmation_before_acting(open_page, fixture_data, co
     app.button(key="redrive_do").click().run()
     assert control.calls == [("redrive", (), {"invoice_ids": [invoice], "requested_by": "console"})]
     assert "Re-drove 1 missing-state order line(s)" in _texts(app.success)
+
+
+def test_redrive_shows_what_it_will_do_before_the_confirmation(open_page, fixture_data, control):
+    """The plan over the real sinks: a row re-driven already is skipped, and said so, before anything is sent."""
+    data_dir = fixture_data.data_dir
+    redriven = fixture_data.redriven_message_ids[0]
+    (invoice,), = _sql(f"SELECT invoice_id FROM read_parquet('{store.sink_glob(data_dir, 'missing_state')}') "
+                       "WHERE source_message_id = $m", m=redriven)
+    (fresh,), = _sql(f"SELECT min(invoice_id) FROM read_parquet('{store.sink_glob(data_dir, 'missing_state')}') "
+                     "WHERE NOT list_contains($ids, source_message_id)", ids=fixture_data.redriven_message_ids)
+    app = open_page("missing_state.py", data_dir)
+    app.multiselect(key="redrive_invoices").select(invoice).select(fresh).run()
+    app.button(key="redrive_ask").click().run()
+    plan = REAL_CONTROL.plan_redrive(load_settings(env={}, cli={"paths.data_dir": str(data_dir)}), invoice_ids=[invoice, fresh])
+    assert plan.skipped == {REAL_CONTROL.SKIP_REDRIVEN: 1} and plan.count == 1
+    assert plan.describe() in _texts(app.warning)
+    assert "1 order line(s) will be republished; 1 skipped: 1 already re-driven" in _texts(app.warning)
+    assert control.calls == []
 
 
 def test_control_actions_need_the_admin_token_when_one_is_set(open_page, fixture_data, control):
