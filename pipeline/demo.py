@@ -77,6 +77,17 @@ class Processes:
         return None
 
 
+def wait_for_first_batch(procs: Processes, settings: Settings, watched: tuple[str, ...]) -> str | None:
+    """Wait until the job has committed a batch; why a watched process ended instead, if one did."""
+    from pipeline.metrics import read_rows
+
+    while not read_rows(settings.data_dir, "progress"):
+        if (failure := procs.first_failure(watched)) is not None:
+            return failure
+        time.sleep(0.5)
+    return None
+
+
 def run_demo(settings: Settings) -> None:
     procs = Processes(settings)
     why = "every process ended"
@@ -91,15 +102,20 @@ def run_demo(settings: Settings) -> None:
                 time.sleep(0.2)
         for topic in ("items", "users"):
             procs.start(f"produce-{topic}", "produce", topic, "--file", str(DATA / f"{topic}.csv"), "--quiet").wait()
-        procs.start("job", "run")
-        procs.start("produce-orders", "produce", "orders", "--file", str(DATA / "orders.csv"), "--rate", "300",
-                    "--loop", "--quiet")
         procs.start("sql", *sql_args())
+        procs.start("job", "run")
         procs.start("app", "app")
+        # Orders start once the job has committed its first batch (the changelogs): orders sent
+        # while Spark starts would wait out its start-up, and the first minute of the console
+        # would show that wait as the job's latency.
         print(f"console: http://{settings['app.address']}:{settings['app.port']}  (Ctrl-C stops everything)")
-        time.sleep(8)  # orders for these users are already flowing: they wait in the buffer
-        procs.start("produce-users-late", "produce", "users", "--file", str(DATA / "users_late.csv"), "--quiet")
-        while (failure := procs.first_failure(watched)) is None:
+        failure = wait_for_first_batch(procs, settings, watched)
+        if failure is None:
+            procs.start("produce-orders", "produce", "orders", "--file", str(DATA / "orders.csv"), "--rate", "300",
+                        "--loop", "--quiet")
+            time.sleep(8)  # orders for these users are already flowing: they wait in the buffer
+            procs.start("produce-users-late", "produce", "users", "--file", str(DATA / "users_late.csv"), "--quiet")
+        while failure is None and (failure := procs.first_failure(watched)) is None:
             time.sleep(1)
         why = failure
     except KeyboardInterrupt:
