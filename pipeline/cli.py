@@ -12,13 +12,18 @@ import math
 import sys
 from typing import Callable
 
-from pipeline.config import Settings, load_settings, parse_set_flags
+from pipeline.config import KEYS, SECRET_KEYS, Settings, load_settings, parse_set_flags
 from pipeline.enrich.lookups import MISSING_REASONS
-from pipeline.errors import StatefulStreamsError
+from pipeline.errors import ConfigError, StatefulStreamsError
 
 
 def _settings(args: argparse.Namespace) -> Settings:
     cli = parse_set_flags(args.set)
+    for key in sorted(cli.keys() & set(SECRET_KEYS)):
+        # any local user reads a process's command line (ps, /proc/<pid>/cmdline)
+        env = next(k.env for k in KEYS if k.name == key)
+        raise ConfigError(f"--set {key}=… would put a secret on the command line, where any local user "
+                          f"reads it; export {env} instead")
     if args.data_dir:
         cli["paths.data_dir"] = args.data_dir
     if args.service_url:
@@ -152,7 +157,9 @@ def cmd_state(args, settings):
     from pipeline.spark import build_spark
     from pipeline.state import inspect_key
 
-    if len(args.targets) % 2:
+    if args.serve:
+        return _serve_state(settings)
+    if not args.targets or len(args.targets) % 2:
         raise StatefulStreamsError(f"state takes LOOKUP KEY pairs, e.g. 'users 42 items 7'; got {' '.join(args.targets)!r}")
     targets = []
     for name, key in zip(args.targets[::2], args.targets[1::2]):
@@ -168,6 +175,22 @@ def cmd_state(args, settings):
     finally:
         spark.stop()
     print("\n".join(state.to_json() if args.json else state.describe() for state in found))
+
+
+def _serve_state(settings) -> None:
+    """The console's look-up worker: requests on stdin, answers on stdout, one Spark session."""
+    from pipeline import store
+    from pipeline.spark import build_spark
+    from pipeline.state import serve_lookups
+
+    spark = build_spark(settings.with_overrides(spark__master="local[1]", spark__shuffle_partitions=1),
+                        app_name="stateful-streams-state")
+    out = sys.stdout
+    sys.stdout = sys.stderr  # anything else printed must not mix with the answers
+    try:
+        serve_lookups(spark, store.checkpoint_dir(settings.data_dir), sys.stdin, lambda text: (out.write(text), out.flush()))
+    finally:
+        spark.stop()
 
 
 def cmd_app(args, settings):
@@ -263,8 +286,10 @@ def build_parser() -> argparse.ArgumentParser:
     redrive.add_argument("--reason", choices=MISSING_REASONS, help="every missing order with this reason")
 
     state = add("state", cmd_state, "print what the job holds for a key: its latest version and the orders waiting")
-    state.add_argument("targets", nargs="+", metavar="LOOKUP KEY", help="users or items, then the id; pairs may repeat")
-    state.add_argument("--json", action="store_true", help="one JSON object per key (what the console reads)")
+    state.add_argument("targets", nargs="*", metavar="LOOKUP KEY", help="users or items, then the id; pairs may repeat")
+    state.add_argument("--json", action="store_true", help="one JSON object per key")
+    state.add_argument("--serve", action="store_true", help="answer JSON look-up requests on stdin on one Spark "
+                       "session (the console's worker; see pipeline/state_service.py)")
 
     add("app", cmd_app, "run the Streamlit console on app.address:app.port")
     add("demo", cmd_demo, "run broker, producers, job and console together (what 'make demo' runs)")

@@ -99,7 +99,28 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
     if settings["spark.auth_secret"]:
         # Spark RPC authentication between this driver, the master, the workers and the executors,
         # which share the secret (docker-compose.yaml); Spark redacts it in its UI and logs.
-        builder = builder.config("spark.authenticate", "true").config("spark.authenticate.secret", settings["spark.auth_secret"])
+        builder = builder.config("spark.authenticate", "true")
+        start_jvm(builder)
+        # Set after the JVM started, so it goes to the JVM over py4j and never on the JVM's
+        # command line (any local user reads those in /proc). A standalone driver needs it in its
+        # conf; the executors get it from their worker's environment, never on a command line.
+        builder = builder.config("spark.authenticate.secret", settings["spark.auth_secret"])
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def start_jvm(builder) -> None:
+    """Start the driver JVM with the builder's options, if this process has none yet.
+
+    PySpark starts the JVM at ``getOrCreate`` and puts every option set before that on the
+    ``spark-submit`` command line as ``--conf key=value``; options set after it reach the JVM over
+    py4j. Call this before setting a secret.
+    """
+    from pyspark import SparkConf, SparkContext
+
+    if SparkContext._gateway is None:
+        conf = SparkConf()
+        for key, value in builder._options.items():  # what getOrCreate would have passed
+            conf.set(key, value)
+        SparkContext._ensure_initialized(conf=conf)

@@ -9,11 +9,18 @@ import sys
 import threading
 
 from pipeline.broker import die_with_parent
+from pipeline.config import KEYS, SECRET_KEYS
 from pipeline.job import run_forever
 
 
+def secret_environment(settings) -> dict[str, str]:
+    """The settings' secrets as their ``SS_*`` variables: a child gets them by environment, never
+    on its command line (``--set`` refuses them)."""
+    return {key.env: settings[key.name] for key in KEYS if key.name in SECRET_KEYS and settings[key.name]}
+
+
 def cli_args(settings) -> list[str]:
-    """--set flags that reproduce these settings in a child process."""
+    """--set flags that reproduce these settings (but the secrets) in a child process."""
     keys = ("pulsar.service_url", "paths.data_dir", "spark.master", "job.trigger_interval", "job.max_rows_per_batch",
             "job.restart.attempts", "job.restart.delay", "enrichment.max_wait", "enrichment.time",
             "enrichment.order_time", "enrichment.out_of_orderness", "enrichment.allowed_lateness",
@@ -31,7 +38,7 @@ def cli_args(settings) -> list[str]:
 class JobProcess:
     def __init__(self, settings, log_path):
         self.log = open(log_path, "ab")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SS_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SS_")} | secret_environment(settings)
         self.proc = subprocess.Popen([sys.executable, "-m", "pipeline", *cli_args(settings), "run"],
                                      stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL, env=env,
                                      start_new_session=True, preexec_fn=die_with_parent)
