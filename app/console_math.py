@@ -358,6 +358,27 @@ def token_matches(configured_token: str | None, typed_token: str | None) -> bool
     return hmac.compare_digest((typed_token or "").encode(), configured_token.encode())
 
 
+# ---------------------------------------------------------------------- personal fields
+
+# Columns the console masks off loopback for viewers without the admin token (README "Console
+# safety"): users' names and emails (the sinks' and the state's columns, the pages' user_name,
+# the seed's wire fields) and raw dead-letter payloads, compared without case or underscores.
+PERSONAL_COLUMNS = frozenset({"userfirstname", "userlastname", "username", "useremail", "firstname", "lastname",
+                              "emailaddress", "email", "payload"})
+MASK = "•••"
+
+
+def is_personal_column(name: Any) -> bool:
+    return str(name).replace("_", "").lower() in PERSONAL_COLUMNS
+
+
+def mask_value(value: Any) -> Any:
+    """A personal value as :data:`MASK`; a missing one stays missing."""
+    if value is None or (not isinstance(value, (list, dict)) and pd.isna(value)):
+        return value
+    return MASK
+
+
 # ---------------------------------------------------------------------- missing state
 
 MISSING_REASONS = {"user": ("user",), "item": ("item",), "user_and_item": ("user", "item")}

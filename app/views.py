@@ -1,5 +1,6 @@
 """Page parts that several screens share: headers, empty states, metric cards, the job status
-banner, tables, and control actions behind a confirmation (and the admin token, if one is set).
+banner, tables (personal fields masked off loopback), and control actions behind a confirmation
+(and the admin token, if one is set, with a per-client brake on wrong tokens).
 
 Pages call these and stay free of layout details; every number they are given comes from
 :mod:`app.queries` over the sinks and the metrics store.
@@ -21,7 +22,7 @@ import streamlit as st
 from app import console_math, metric_queries
 from app.resources import fetch, get_settings, now_ms
 from pipeline.config import Settings
-from pipeline.console import MIN_TOKEN_CHARS
+from pipeline.console import MIN_TOKEN_CHARS, is_loopback
 from pipeline.errors import StatefulStreamsError
 
 START_HINT = "start the job with `make demo` or `python -m pipeline run`"
@@ -39,6 +40,7 @@ def load_page_settings() -> Settings:
 def render_page_header(title: str, caption: str, settings: Settings) -> None:
     st.title(title)
     st.caption(f"{caption} Data dir: `{settings.data_dir}`.")
+    render_personal_unlock(settings)
 
 
 def render_empty_state(message: str) -> None:
@@ -113,8 +115,9 @@ def is_missing(value: Any) -> bool:
 
 def render_table(frame: pd.DataFrame, column_config: dict | None = None, height: int | str = "auto",
                  placeholder: str | None = None) -> None:
-    """A table without its index; ``placeholder`` is shown in empty cells."""
-    st.dataframe(frame, hide_index=True, column_config=column_config, height=height, placeholder=placeholder)
+    """A table without its index; ``placeholder`` is shown in empty cells. Personal columns are
+    masked off loopback until the admin token is given (:func:`mask_personal`)."""
+    st.dataframe(mask_personal(frame), hide_index=True, column_config=column_config, height=height, placeholder=placeholder)
 
 
 # ---------------------------------------------------------------------- job status
@@ -141,37 +144,123 @@ def render_job_status(status: console_math.JobStatus) -> None:
 
 
 class WrongTokenBrake:
-    """Slows down guessing the admin token, for every session of the console process at once.
+    """Slows down guessing the admin token, per client (see :func:`client_id`), across every
+    session of the console process: one client's wrong tokens never lock another client out.
 
-    The first :attr:`free` wrong tokens in a row cost nothing (typos happen); after that each
-    one locks the actions for twice as long as the last (1 s, 2 s, 4 s, … up to ``max_s``),
-    and a right token resets it. ``clock`` is injected so tests need no sleeping.
+    A client's first :attr:`free` wrong tokens in a row cost nothing (typos happen); after that
+    each one locks that client's actions for twice as long as the last (1 s, 2 s, 4 s, … up to
+    ``max_s``), and a right token resets it. ``clock`` is injected so tests need no sleeping.
+    At most ``max_clients`` clients are remembered; the ones whose lock ran out go first.
     """
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic, free: int = 3, max_s: float = 300.0):
-        self.clock, self.free, self.max_s = clock, free, max_s
-        self.failures, self.locked_until = 0, 0.0
+    def __init__(self, clock: Callable[[], float] = time.monotonic, free: int = 3, max_s: float = 300.0,
+                 max_clients: int = 10_000):
+        self.clock, self.free, self.max_s, self.max_clients = clock, free, max_s, max_clients
+        self._clients: dict[str, tuple[int, float]] = {}  # client -> (wrong tokens in a row, locked until)
         self._lock = threading.Lock()
 
-    def wait_seconds(self) -> float:
-        """How long before the next try is even looked at (0 when it is)."""
+    def wait_seconds(self, client: str = "loopback") -> float:
+        """How long before this client's next try is even looked at (0 when it is)."""
         with self._lock:
-            return max(0.0, self.locked_until - self.clock())
+            return max(0.0, self._clients.get(client, (0, 0.0))[1] - self.clock())
 
-    def record(self, right: bool) -> None:
+    def record(self, right: bool, client: str = "loopback") -> None:
         with self._lock:
             if right:
-                self.failures, self.locked_until = 0, 0.0
+                self._clients.pop(client, None)
                 return
-            self.failures += 1
-            if self.failures > self.free:
-                self.locked_until = self.clock() + min(self.max_s, 2.0 ** (self.failures - self.free - 1))
+            failures = self._clients.get(client, (0, 0.0))[0] + 1
+            locked_until = self.clock() + min(self.max_s, 2.0 ** (failures - self.free - 1)) if failures > self.free else 0.0
+            self._clients[client] = (failures, locked_until)
+            if len(self._clients) > self.max_clients:
+                now = self.clock()
+                for name in [name for name, (_, until) in self._clients.items() if until <= now and name != client]:
+                    del self._clients[name]
 
 
 @st.cache_resource(show_spinner=False)
 def get_token_brake() -> WrongTokenBrake:
-    """The console process's one brake: a new browser session does not reset it."""
+    """The console process's one brake: a new browser session does not reset a client's count."""
     return WrongTokenBrake()
+
+
+def client_id() -> str:
+    """Who is asking, for per-client limits: the remote address of the browser's connection
+    (Streamlit's ``st.context.ip_address``, taken from the socket, not from a header), or
+    ``loopback`` for a browser on this machine (Streamlit reports those as None).
+    Behind a reverse proxy every viewer has the proxy's address: put the limits there too."""
+    try:
+        address = st.context.ip_address
+    except Exception:  # no browser connection (a bare script run)
+        address = None
+    return address if isinstance(address, str) and address else "loopback"
+
+
+def check_admin_token(settings: Settings, typed_token: str | None) -> str | None:
+    """None if ``typed_token`` may act (or no token is configured), else the line to show.
+
+    Goes through this client's brake: a client locked out is refused without a comparison."""
+    configured_token = settings["app.admin_token"]
+    if not configured_token:
+        return None
+    if len(configured_token) < MIN_TOKEN_CHARS:
+        return (f"Control actions are off: the configured admin token is shorter than {MIN_TOKEN_CHARS} "
+                "characters. Set a longer SS_APP_ADMIN_TOKEN and restart the console.")
+    brake, client = get_token_brake(), client_id()
+    wait_s = brake.wait_seconds(client)
+    if wait_s > 0:
+        return f"Too many wrong admin tokens; try again in {math.ceil(wait_s)} s. Nothing was done."
+    right = console_math.token_matches(configured_token, typed_token)
+    brake.record(right, client)
+    return None if right else "The admin token is not right; nothing was done."
+
+
+# ------------------------------------------------------------------ personal fields
+
+
+def personal_fields_hidden(settings: Settings) -> bool:
+    """Off loopback (``app.address``), names, emails and raw payloads are masked until this
+    browser session has given the admin token (:func:`render_personal_unlock`)."""
+    return not is_loopback(settings["app.address"]) and not st.session_state.get("personal_unlocked")
+
+
+def mask_personal(frame: pd.DataFrame, settings: Settings | None = None) -> pd.DataFrame:
+    """``frame`` with its personal columns (console_math.is_personal_column) masked, when
+    :func:`personal_fields_hidden`; the same frame otherwise."""
+    settings = settings or get_settings()
+    if not personal_fields_hidden(settings):
+        return frame
+    columns = [name for name in frame.columns if console_math.is_personal_column(name)]
+    if not columns:
+        return frame
+    masked = frame.copy()
+    for name in columns:
+        masked[name] = masked[name].map(console_math.mask_value).astype(object)
+    return masked
+
+
+def mask_personal_record(record: dict, settings: Settings) -> dict:
+    """One record (e.g. a state look-up's latest version) with its personal fields masked, when hidden."""
+    if not personal_fields_hidden(settings):
+        return record
+    return {name: console_math.mask_value(value) if console_math.is_personal_column(name) else value
+            for name, value in record.items()}
+
+
+def render_personal_unlock(settings: Settings) -> None:
+    """In the sidebar, while personal fields are hidden: the admin token shows them to this session."""
+    if not personal_fields_hidden(settings):
+        return
+    with st.sidebar:
+        st.caption("Names, emails and raw payloads are masked for viewers off this machine.")
+        typed = st.text_input("Admin token", type="password", key="personal_token")
+        if st.button("Show personal fields", key="personal_unlock"):
+            refused = check_admin_token(settings, typed)
+            if refused:
+                st.error(refused)
+            else:
+                st.session_state["personal_unlocked"] = True
+                st.rerun()
 
 
 def load_control():
@@ -221,21 +310,10 @@ def render_confirmed_action(
         if not confirmed:
             st.error("Tick “Yes, I want to do this” first.")
             return
-        if configured_token and len(configured_token) < MIN_TOKEN_CHARS:
-            st.error(f"Control actions are off: the configured admin token is shorter than {MIN_TOKEN_CHARS} "
-                     "characters. Set a longer SS_APP_ADMIN_TOKEN and restart the console.")
+        refused = check_admin_token(settings, typed_token)
+        if refused:
+            st.error(refused)
             return
-        if configured_token:
-            brake = get_token_brake()
-            wait_s = brake.wait_seconds()
-            if wait_s > 0:
-                st.error(f"Too many wrong admin tokens; try again in {math.ceil(wait_s)} s. Nothing was done.")
-                return
-            right = console_math.token_matches(configured_token, typed_token)
-            brake.record(right)
-            if not right:
-                st.error("The admin token is not right; nothing was done.")
-                return
         try:
             message = perform()
         except ModuleNotFoundError as exc:

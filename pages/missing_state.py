@@ -6,7 +6,6 @@ import streamlit as st
 
 from app import charts, console_math, queries, views
 from app.resources import REFRESH_SECONDS, fetch
-from pipeline.errors import StatefulStreamsError
 
 WINDOW_S = 15 * 60
 RESULT_LIMIT = 200
@@ -120,26 +119,32 @@ def render_state_lookup(search: dict[str, int]) -> None:
         return
     st.subheader("What the job holds")
     st.caption("Reads the running job's state for the chosen order's user and item (Spark's state data source, "
-               "in a process of its own; it takes a few seconds).")
+               "in the console's one state look-up worker: requests queue, one at a time, a few per viewer).")
     choices = {f"invoice {r.invoice_id} · user {r.user_id} · item {r.item_id}": (int(r.user_id), int(r.item_id))
                for r in orders.itertuples()}
     chosen = st.selectbox("Order", list(choices), key="state_order")
-    if st.button("Look up its user and item", key="state_lookup"):
-        user_id, item_id = choices[chosen]
+    user_id, item_id = choices[chosen]
+
+    def perform() -> str:
+        st.session_state.pop("state_found", None)
         with st.spinner(f"Reading the job's state for user {user_id} and item {item_id}…"):
-            try:
-                st.session_state["state_found"] = views.load_control().inspect_state(
-                    settings, [("users", user_id), ("items", item_id)])
-            except StatefulStreamsError as exc:
-                st.error(str(exc))
-                return
+            st.session_state["state_found"] = views.load_control().inspect_state(
+                settings, [("users", user_id), ("items", item_id)], client=views.client_id())
+        return f"Read what the job holds for user {user_id} and item {item_id}."
+
+    views.render_confirmed_action(
+        "state_lookup", "Look up its user and item…",
+        f"read the job's state for user {user_id} and item {item_id}. This starts the console's state look-up "
+        "worker (a Spark session of its own) if it is not running, and queues behind other viewers' look-ups.",
+        perform, settings)
     for column, found in zip(st.columns(2), st.session_state.get("state_found", [])):
         name = "User" if found["lookup"] == "users" else "Item"
         column.markdown(f"**{name} {found['key']}** (batch {found['batch_id']})")
         if found["latest"] is None:
             column.info("Nothing held: never seen, or deleted by a tombstone.")
         else:
-            column.dataframe(pd.DataFrame([found["latest"]]).T.rename(columns={0: "latest version"}))
+            latest = views.mask_personal_record(found["latest"], settings)
+            column.dataframe(pd.DataFrame([latest]).T.rename(columns={0: "latest version"}))
         column.caption(f"{len(found['waiting'])} order(s) waiting for it.")
         if found["waiting"]:
             column.dataframe(pd.DataFrame(found["waiting"])[["invoice_id", "source_message_id"]], hide_index=True)

@@ -7,7 +7,7 @@ in pipeline/lock.py; they are re-exported here as part of that one surface.
 - A **replay** request is a file the running job's source picks up (see pipeline/source/offsets.py).
 - A **re-drive** republishes missing-state orders with a ``redrive-of`` property, each order at
   most once, skipping rows already re-driven and orders enriched since (:func:`plan_redrive`).
-- A **state look-up** runs ``python -m pipeline state`` in a process of its own.
+- A **state look-up** is served by one long-lived worker process (pipeline/state_service.py).
 """
 
 from __future__ import annotations
@@ -247,27 +247,15 @@ def wait_until_stopped(settings: Settings, timeout_s: float = 60.0) -> bool:
 
 
 # ---------------------------------------------------------------------------- state look-up
-def inspect_state(settings: Settings, keys: list[tuple[str, int]], timeout_s: float = 300.0) -> list[dict]:
+def inspect_state(settings: Settings, keys: list[tuple[str, int]], client: str = "cli") -> list[dict]:
     """What the job holds for each ``(lookup, key)``: its latest version and the orders waiting.
 
-    Runs ``python -m pipeline state … --json`` as a process of its own (its own small Spark
-    session reads the checkpoint), so the console never starts Spark. Returns one dict per key
-    (pipeline.state.KeyState as JSON).
+    Served by this process's one state look-up worker for the data dir (a long-lived
+    ``python -m pipeline state --serve`` with its own small Spark session; the console never
+    starts Spark itself), through a queue with per-``client`` limits: see
+    pipeline/state_service.py. Returns one dict per key (pipeline.state.KeyState as JSON);
+    a limit, a failure or a look-up over the time limit is a ControlError.
     """
-    import subprocess
-    import sys
+    from pipeline.state_service import service_for
 
-    from pipeline.console import PROJECT_ROOT, settings_environment
-
-    env = {name: value for name, value in os.environ.items() if not name.startswith("SS_")}
-    env.update(settings_environment(settings))
-    command = [sys.executable, "-m", "pipeline", "state", *(str(part) for pair in keys for part in pair), "--json"]
-    try:
-        done = subprocess.run(command, env=env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=timeout_s,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        raise ControlError(f"reading the job's state took over {timeout_s:.0f}s; try again") from None
-    if done.returncode != 0:
-        errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
-        raise ControlError((errors[-1][len("error: "):] if errors else f"the state look-up failed (exit {done.returncode})"))
-    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return service_for(settings).lookup(keys, client)

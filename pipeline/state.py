@@ -1,7 +1,9 @@
 """State inspection: what the job holds, read from its checkpoint with Spark's state data source.
 
 - :func:`inspect_key`: one key of one lookup: its latest record and the orders waiting for it
-  (``python -m pipeline state users 42``; the console runs that command).
+  (``python -m pipeline state users 42``).
+- :func:`serve_lookups`: the same for a stream of requests on one Spark session
+  (``python -m pipeline state --serve``: the console's look-up worker, pipeline/state_service.py).
 - :func:`count_waiting`: keys with waiting orders and the orders, per lookup, at one batch.
 - :class:`StateCensus`: the job's background thread that turns Spark's own state metrics into
   ``keys held`` and ``orders waiting`` per lookup (the ``state`` stream of the metrics store).
@@ -116,6 +118,29 @@ def inspect_key(spark, checkpoint: Path, lookup: Lookup, key: int) -> KeyState:
     found.waiting = [{name: row[name] for name in ("invoice_id", "source_message_id", "first_seen_ms",
                                                     "user_id", "item_id")} for row in waiting]
     return found
+
+
+def serve_lookups(spark, checkpoint: Path, lines, write) -> None:
+    """``python -m pipeline state --serve``: answer look-up requests, one JSON line each, until
+    ``lines`` ends (pipeline/state_service.py feeds them and describes the protocol).
+
+    One Spark session serves every request; each reads the newest committed batch afresh.
+    """
+    from pipeline.enrich.lookups import lookup_named
+
+    for line in lines:
+        if not line.strip():
+            continue
+        request_id = None
+        try:
+            request = json.loads(line)
+            request_id = request.get("id")
+            targets = [(lookup_named(str(name)), int(key)) for name, key in request["keys"]]
+            found = [asdict(inspect_key(spark, checkpoint, lookup, key)) for lookup, key in targets]
+            answer = {"id": request_id, "found": found}
+        except Exception as exc:  # one bad request never ends the worker
+            answer = {"id": request_id, "error": " ".join(str(exc).split())[:500]}
+        write(json.dumps(answer, default=str) + "\n")
 
 
 def is_event_time(checkpoint: Path) -> bool:

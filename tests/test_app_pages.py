@@ -49,10 +49,10 @@ class FakeControl(types.ModuleType):
         if self.fail_with:
             raise self.fail_with
 
-    def inspect_state(self, settings, keys):
-        self._record("inspect_state", keys=keys)
+    def inspect_state(self, settings, keys, client="cli"):
+        self._record("inspect_state", keys=keys, client=client)
         return [{"lookup": lookup, "key": key, "batch_id": 7,
-                 "latest": {"user_first_name": "Ada"} if lookup == "users" else None,
+                 "latest": {"user_first_name": "Ada", "user_email": "ada@example.com"} if lookup == "users" else None,
                  "waiting": [] if lookup == "users" else [{"invoice_id": 5, "source_message_id": "1:2:-1:-1"}]}
                 for lookup, key in keys]
 
@@ -406,9 +406,13 @@ def test_missing_state_page_looks_up_what_the_job_holds_through_control(open_pag
     app = open_page("missing_state.py", fixture_data.data_dir)
     label = app.selectbox(key="state_order").options[0]
     user_id, item_id = (int(part.split()[1]) for part in label.split(" · ")[1:])
-    app.button(key="state_lookup").click().run()
+    app.button(key="state_lookup_ask").click().run()
+    assert control.calls == [] and f"user {user_id} and item {item_id}" in _texts(app.warning)
+    app.checkbox(key="state_lookup_confirm").check().run()
+    app.button(key="state_lookup_do").click().run()
     assert not app.exception
-    assert control.calls[-1] == ("inspect_state", (), {"keys": [("users", user_id), ("items", item_id)]})
+    assert control.calls[-1] == ("inspect_state", (), {"keys": [("users", user_id), ("items", item_id)],
+                                                       "client": "loopback"})
     shown = [block.value for block in app.markdown]
     assert f"**User {user_id}** (batch 7)" in shown and f"**Item {item_id}** (batch 7)" in shown
     assert any("Nothing held" in info.value for info in app.info)
@@ -437,3 +441,52 @@ def test_backpressure_page_shows_partition_watermarks_and_late_versions(open_pag
     assert topics.set_index("topic").loc["items", "late_versions"] == 1
     assert partitions[["topic", "partition", "idle"]].values.tolist() == [["users", 0, ""], ["users", 1, "idle"]]
     assert "Idle (no longer holding the watermark back): users partition 1." in _texts(app.caption)
+
+
+def test_the_state_lookup_needs_the_admin_token_and_a_confirmation(open_page, fixture_data, control):
+    """Issue 27: each look-up starts (or queues for) a Spark worker, so it is a control action."""
+    app = open_page("missing_state.py", fixture_data.data_dir, SS_APP_ADMIN_TOKEN=TOKEN)
+    app.button(key="state_lookup_ask").click().run()
+    app.button(key="state_lookup_do").click().run()
+    assert "Tick" in _texts(app.error) and control.calls == []
+    app.checkbox(key="state_lookup_confirm").check().run()
+    app.text_input(key="state_lookup_token").input("wrong").run()
+    app.button(key="state_lookup_do").click().run()
+    assert "admin token is not right" in _texts(app.error) and control.calls == []
+    app.text_input(key="state_lookup_token").input(TOKEN).run()
+    app.button(key="state_lookup_do").click().run()
+    assert [call[0] for call in control.calls] == ["inspect_state"]
+
+
+def test_off_loopback_personal_fields_are_masked_until_the_token_is_given(open_page, fixture_data, control):
+    data_dir = fixture_data.data_dir
+    public = {"SS_APP_ADDRESS": "0.0.0.0", "SS_APP_ADMIN_TOKEN": TOKEN}
+    emails = {row[0] for row in _sql(f"SELECT user_email FROM read_parquet('{store.sink_glob(data_dir, 'enriched')}')")}
+    app = open_page("live_enrichment.py", data_dir, **public)
+    newest = app.dataframe[-1].value
+    assert set(newest["user_email"]) == {console_math.MASK} and set(newest["user_name"]) == {console_math.MASK}
+    assert newest["invoice_id"].notna().all()  # the rest is shown
+    app.sidebar.text_input(key="personal_token").input("wrong").run()
+    app.sidebar.button(key="personal_unlock").click().run()
+    assert set(app.dataframe[-1].value["user_email"]) == {console_math.MASK}
+    app.sidebar.text_input(key="personal_token").input(TOKEN).run()
+    app.sidebar.button(key="personal_unlock").click().run()
+    assert set(app.dataframe[-1].value["user_email"]) <= emails and console_math.MASK not in set(app.dataframe[-1].value["user_email"])
+    # the state look-up's latest version too
+    app = open_page("missing_state.py", data_dir, **public)
+    app.button(key="state_lookup_ask").click().run()
+    app.checkbox(key="state_lookup_confirm").check().run()
+    app.text_input(key="state_lookup_token").input(TOKEN).run()
+    app.button(key="state_lookup_do").click().run()
+    latest = next(frame.value for frame in app.dataframe if "latest version" in frame.value.columns)
+    assert set(latest["latest version"]) == {console_math.MASK}
+    # on loopback nothing is masked
+    app = open_page("live_enrichment.py", data_dir, SS_APP_ADMIN_TOKEN=TOKEN)
+    assert console_math.MASK not in set(app.dataframe[-1].value["user_email"])
+
+
+@pytest.mark.parametrize("column,personal", [("user_email", True), ("user_first_name", True), ("user_name", True),
+                                             ("payload", True), ("emailAddress", True), ("firstName", True),
+                                             ("item_name", False), ("user_id", False), ("key", False), ("error", False)])
+def test_which_columns_are_personal(column, personal):
+    assert console_math.is_personal_column(column) is personal

@@ -171,3 +171,45 @@ def _answers(page, url: str) -> bool:
         return True
     except Exception:
         return False
+
+
+def test_the_brake_is_per_client():
+    """Issue 27: one viewer's wrong tokens lock only that viewer out, not everyone."""
+    clock = FakeClock()
+    brake = views.WrongTokenBrake(clock, free=3, max_s=300)
+    for _ in range(12):
+        brake.record(right=False, client="10.0.0.5")
+    assert brake.wait_seconds("10.0.0.5") == 256
+    assert brake.wait_seconds("10.0.0.6") == 0 and brake.wait_seconds("loopback") == 0
+    brake.record(right=False, client="10.0.0.6")
+    assert brake.wait_seconds("10.0.0.6") == 0  # its first wrong token is free
+    brake.record(right=True, client="10.0.0.5")
+    assert brake.wait_seconds("10.0.0.5") == 0
+
+
+def test_the_brake_forgets_clients_whose_lock_ran_out_when_it_is_full():
+    clock = FakeClock()
+    brake = views.WrongTokenBrake(clock, free=0, max_s=300, max_clients=3)
+    for n in range(3):
+        brake.record(right=False, client=f"old-{n}")
+    clock.now += 10
+    brake.record(right=False, client="new")
+    assert len(brake._clients) == 1 and brake.wait_seconds("new") == 1
+
+
+def test_a_viewer_locked_out_does_not_lock_out_another(replay_page, monkeypatch):
+    data_dir, open_ = replay_page
+    brake = views.WrongTokenBrake(FakeClock())
+    monkeypatch.setattr(views, "get_token_brake", lambda: brake)
+    who = {"client": "10.0.0.5"}
+    monkeypatch.setattr(views, "client_id", lambda: who["client"], raising=False)
+    guesser = open_(TOKEN)
+    guesser.button(key="replay_ask").click().run()
+    for attempt in range(4):
+        assert "The admin token is not right" in _try_token(guesser, f"guess-{attempt}")
+    assert "Too many wrong admin tokens" in _try_token(guesser, TOKEN)
+    who["client"] = "10.0.0.6"  # an operator on another machine, in a session of their own
+    operator = AppTest.from_file(str(ROOT / "pages" / "replay.py"), default_timeout=30).run()
+    operator.button(key="replay_ask").click().run()
+    assert _try_token(operator, TOKEN) == ""
+    assert len(list(store.replay_requests_dir(data_dir).glob("*.json"))) == 1
