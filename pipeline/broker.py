@@ -7,11 +7,23 @@ signal so it never outlives the process that started it.
 
 A running embedded broker writes ``<data_dir>/broker/endpoint.json``; :func:`resolve_service_url`
 reads it so the producers, the job and the console all reach the same broker.
+
+One broker per data dir: :class:`EmbeddedBroker` holds an exclusive ``flock`` on
+``<data_dir>/broker/broker.lock`` from before pulsar-lite starts until it has exited (pulsar-lite
+inherits the descriptor, so a killed starter cannot let a second one start on the same files).
+
+The job, ``sql`` and ``broker`` share one broker through :func:`use_embedded_broker`: each holds a
+shared ``flock`` on ``broker/users.lock`` while it uses the broker. The first one starts a
+*keeper* (``keep_broker``), a process of its own session that owns pulsar-lite and stops it
+once no process holds ``users.lock`` any more. So a pipeline never stops a broker that another
+process uses, and the broker never outlives its last user.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
+import fcntl
 import json
 import os
 import signal
@@ -26,6 +38,7 @@ from pipeline.config import Settings
 from pipeline.errors import BrokerError
 
 _PR_SET_PDEATHSIG = 1
+BROKER_LOCK, USERS_LOCK, START_LOCK = "broker.lock", "users.lock", "start.lock"
 BROKER_CONFIG = """\
 # Written by pipeline/broker.py. Metrics are off: pulsar-lite would bind 0.0.0.0:8080 otherwise.
 [metrics]
@@ -81,6 +94,7 @@ class EmbeddedBroker:
     data_dir: Path
     port: int = 0
     process: subprocess.Popen | None = None
+    lock_fd: int | None = None
 
     @property
     def broker_dir(self) -> Path:
@@ -99,6 +113,38 @@ class EmbeddedBroker:
         config = self.broker_dir / "pulsar-lite.toml"
         try:
             self.broker_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BrokerError(f"cannot write the broker's files under {str(self.broker_dir)!r} "
+                              f"({exc.strerror or exc}); set paths.data_dir to a writable folder") from exc
+        self._lock()
+        try:
+            return self._start(binary, config, timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _lock(self) -> None:
+        """Take ``broker.lock`` without waiting: a BrokerError if a broker runs on these files."""
+        path = self.broker_dir / BROKER_LOCK
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise BrokerError(f"cannot open the broker lock {str(path)!r}: {exc.strerror or exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise BrokerError(f"an embedded broker already runs on {str(self.broker_dir)!r} (lock {str(path)!r} "
+                                  f"held by {holder}); use it, or stop it first") from None
+            raise BrokerError(f"cannot lock {str(path)!r}: {exc.strerror or exc}") from exc
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}\n".encode(), 0)
+        self.lock_fd = fd
+
+    def _start(self, binary: Path, config: Path, timeout: float) -> "EmbeddedBroker":
+        try:
             config.write_text(BROKER_CONFIG)
             log = open(self.broker_dir / "broker.log", "ab")
         except OSError as exc:
@@ -111,6 +157,7 @@ class EmbeddedBroker:
                  "--db-path", str(self.broker_dir / "db"), "--log-level", "warn"],
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL,
                 cwd=str(self.broker_dir), preexec_fn=die_with_parent,
+                pass_fds=(self.lock_fd,),  # the lock lasts until pulsar-lite itself has exited
             )
         finally:
             log.close()
@@ -122,7 +169,6 @@ class EmbeddedBroker:
                     f"see {str(self.broker_dir / 'broker.log')!r}"
                 )
             if time.monotonic() > deadline:
-                self.stop()
                 raise BrokerError(f"pulsar-lite did not listen on 127.0.0.1:{self.port} within {timeout:.0f}s")
             time.sleep(0.05)
         self.endpoint_file.write_text(json.dumps({"service_url": self.service_url, "pid": self.process.pid}))
@@ -142,6 +188,9 @@ class EmbeddedBroker:
                 self.endpoint_file.unlink()
         except (OSError, ValueError):
             pass
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)  # pulsar-lite's copy went with it
+            self.lock_fd = None
 
     def __enter__(self) -> "EmbeddedBroker":
         return self.start() if self.process is None else self
@@ -176,22 +225,134 @@ def resolve_service_url(settings: Settings) -> str:
     return url
 
 
+class BrokerUse:
+    """This process's use of the data dir's embedded broker: a shared ``flock`` on ``users.lock``.
+
+    ``stop()`` (or the process's end) drops it; the keeper stops the broker once no use is left.
+    """
+
+    def __init__(self, fd: int, service_url: str):
+        self.fd, self.service_url = fd, service_url
+
+    def stop(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> "BrokerUse":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def use_embedded_broker(data_dir: Path, timeout: float = 30.0) -> BrokerUse:
+    """Use the data dir's embedded broker, starting a keeper for it if none runs.
+
+    Called by the job, ``sql`` and ``broker``. Starts are serialised by ``start.lock``, so two
+    processes starting at once get one broker. Waits ``timeout`` seconds at most.
+    """
+    from pipeline.lock import file_lock
+
+    broker_dir = Path(data_dir) / "broker"
+    try:
+        broker_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(broker_dir / USERS_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise BrokerError(f"cannot write the broker's files under {str(broker_dir)!r} "
+                          f"({exc.strerror or exc}); set paths.data_dir to a writable folder") from exc
+    try:
+        deadline = time.monotonic() + timeout
+        while True:  # a keeper stopping its broker holds users.lock exclusively until it is gone
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise BrokerError(f"the embedded broker of {str(data_dir)!r} did not finish stopping "
+                                      f"within {timeout:.0f}s") from None
+                time.sleep(0.05)
+        try:
+            with file_lock(broker_dir / START_LOCK, timeout_s=timeout):
+                url = running_embedded_url(data_dir) or _start_keeper(Path(data_dir), deadline)
+        except BlockingIOError:
+            raise BrokerError(f"another process kept starting the embedded broker of {str(data_dir)!r} "
+                              f"for {timeout:.0f}s; see {str(broker_dir / 'keeper.log')!r}") from None
+        return BrokerUse(fd, url)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _start_keeper(data_dir: Path, deadline: float) -> str:
+    """Start ``keep_broker`` in a session of its own (a Ctrl-C or a kill of our group spares it)."""
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    log_path = data_dir / "broker" / "keeper.log"
+    with open(log_path, "ab") as log:
+        keeper = subprocess.Popen(
+            [sys.executable, "-c", "import sys; from pipeline.broker import keep_broker; sys.exit(keep_broker(sys.argv[1]))",
+             str(data_dir)],
+            stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env, cwd=str(root), start_new_session=True)
+    while (url := running_embedded_url(data_dir)) is None:
+        if keeper.poll() is not None:
+            raise BrokerError(f"the embedded broker's keeper exited with code {keeper.returncode}; "
+                              f"see {str(log_path)!r}")
+        if time.monotonic() > deadline:
+            keeper.terminate()
+            raise BrokerError(f"the embedded broker did not start within the time allowed; see {str(log_path)!r}")
+        time.sleep(0.05)
+    return url
+
+
+def keep_broker(data_dir: str | Path, poll_s: float = 0.25) -> int:
+    """The keeper's process: run pulsar-lite for ``data_dir`` until no process uses it (or SIGTERM).
+
+    It takes ``users.lock`` exclusively, which succeeds only once no user holds it shared, and
+    stops pulsar-lite still holding it, so a new user waits for the stop and then starts afresh.
+    """
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    broker = EmbeddedBroker(Path(data_dir))
+    try:
+        broker.start()
+    except BrokerError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    users = os.open(broker.broker_dir / USERS_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        while not stopping and broker.process.poll() is None:
+            try:
+                fcntl.flock(users, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break  # the last user is gone
+            except BlockingIOError:
+                time.sleep(poll_s)
+        broker.stop()
+    finally:
+        os.close(users)
+    code = broker.process.returncode
+    return 0 if code in (0, -signal.SIGTERM) else 1
+
+
 def serve_forever(settings: Settings) -> None:
-    """``python -m pipeline broker``: run the embedded broker in the foreground until Ctrl-C."""
-    broker = EmbeddedBroker(settings.data_dir)
+    """``python -m pipeline broker``: use (start) the embedded broker in the foreground until Ctrl-C.
+
+    On Ctrl-C it stops using the broker: the broker stops then unless a job or pipeline still uses it.
+    """
     existing = running_embedded_url(settings.data_dir)
     if existing:
         raise BrokerError(f"an embedded broker already runs for this data dir at {existing}")
-    with broker:
+    with use_embedded_broker(settings.data_dir) as use:
         from pipeline.topics import ensure_topics
 
-        ensure_topics(settings.with_overrides(pulsar__service_url=broker.service_url))
-        print(broker.service_url, flush=True)
+        ensure_topics(settings.with_overrides(pulsar__service_url=use.service_url))
+        print(use.service_url, flush=True)
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         try:
-            while broker.process.poll() is None:
+            while running_embedded_url(settings.data_dir) == use.service_url:
                 time.sleep(0.5)
         except KeyboardInterrupt:
-            pass
-        if broker.process.poll() not in (None, 0, -signal.SIGTERM):
-            raise BrokerError(f"pulsar-lite stopped with code {broker.process.returncode}")
+            return
+        raise BrokerError(f"the embedded broker at {use.service_url} stopped; see "
+                          f"{str(Path(settings.data_dir) / 'broker' / 'broker.log')!r}")

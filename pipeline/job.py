@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from pipeline import store
-from pipeline.broker import EmbeddedBroker, running_embedded_url
+from pipeline.broker import BrokerUse, use_embedded_broker
 from pipeline.config import Settings
 from pipeline.errors import ConfigError, SinkError, StatefulStreamsError
 from pipeline.freed_memory import give_back_freed_memory
@@ -191,22 +191,21 @@ def attach_event_clock(spark, metrics_store: MetricsStore, settings: Settings):
 
 
 def recover_sinks(writer: SinkWriter, settings: Settings) -> int:
-    """Publish batches committed just before a crash; drop staged ones Spark will re-run."""
+    """The checkpoint's last committed batch; sink batches a replaced checkpoint no longer
+    counts are taken back (a batch committed to the sinks but not by Spark is kept: its re-run
+    commits nothing twice)."""
     last = last_committed_batch(store.checkpoint_dir(settings.data_dir))
-    writer.publish_committed(last)
-    writer.discard_uncommitted(last)
+    writer.recover(last)
     return last
 
 
-def connect_broker(settings: Settings) -> tuple[str, EmbeddedBroker | None]:
-    """The broker URL; with 'embedded' and none running, start one owned by this process."""
+def connect_broker(settings: Settings) -> tuple[str, BrokerUse | None]:
+    """The broker URL, and with 'embedded' this process's use of the data dir's one broker (started
+    if none runs); ``stop()`` the use when done: the broker stops once no process uses it."""
     if not settings.is_embedded:
         return settings.service_url, None
-    url = running_embedded_url(settings.data_dir)
-    if url:
-        return url, None
-    broker = EmbeddedBroker(settings.data_dir).start()
-    return broker.service_url, broker
+    use = use_embedded_broker(settings.data_dir)
+    return use.service_url, use
 
 
 def finish_batch_in_flight(query, timeout_s: float = 30.0) -> None:
