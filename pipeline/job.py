@@ -191,11 +191,10 @@ def attach_event_clock(spark, metrics_store: MetricsStore, settings: Settings):
 
 
 def recover_sinks(writer: SinkWriter, settings: Settings) -> int:
-    """The checkpoint's last committed batch; sink batches a replaced checkpoint no longer
-    counts are taken back (a batch committed to the sinks but not by Spark is kept: its re-run
-    commits nothing twice)."""
+    """Publish batches committed just before a crash; drop staged ones Spark will re-run."""
     last = last_committed_batch(store.checkpoint_dir(settings.data_dir))
-    writer.recover(last)
+    writer.publish_committed(last)
+    writer.discard_uncommitted(last)
     return last
 
 
