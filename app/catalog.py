@@ -1,37 +1,33 @@
-"""The sink catalog: every committed Parquet file of each sink, with its row count and time range.
+"""The sink catalog: the current files of each sink's Delta table, with row counts and time ranges.
 
-The job writes one folder per micro-batch and sink, so a day's run leaves tens of thousands
-of small files, and opening them all costs far more than reading the few rows a chart needs.
-The catalog lists the files (``sinks/<name>/batch=<id>/*.parquet``, the committed ones) and
-learns each new file's rows and min/max commit time once: from the job's sink manifest
-(:mod:`pipeline.sinks`), which records them when a batch is published, and for files the
-manifest does not cover (older data dirs, a crash between a publish and its manifest line)
-with one DuckDB pass over those files only. Queries then read just the files that can hold
-rows of their time window, and totals are sums over the catalog.
+Each sink is a Delta table (pipeline/sinks.py). Its log lists the files of the current
+version with their row counts and min/max column statistics, so the catalog knows every
+file's rows and commit-time range without opening it: :func:`table_file_stats` reads them,
+and :func:`app.sources.files_relation` hands the files to DuckDB. Queries then read just the
+files that can hold rows of their time window, and totals are sums over the catalog. Files
+that compaction replaced are not in the log, so no reader sees a row twice.
 
-A file is known by its path, size and modification time, and a manifest line is trusted only
-for a listed file with the same name, size and mtime, so a batch folder that a savepoint
-restore removed, or that the job wrote again, is noticed at the next refresh. A listing is at
-most :data:`REFRESH_MIN_S` old. One catalog per data dir and process, shared by threads; it
-opens the manifest only to read it, and holds no file open between refreshes.
+Rows per value of a sink's group column (the missing-state reason) come from the statistics
+when a file holds one value (min = max, no NULL); a compacted file holding several is read
+once, with DuckDB, and remembered by its path (a Delta file never changes). A listing is at
+most :data:`REFRESH_MIN_S` old. One catalog per data dir and process, shared by threads.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 
 from pipeline import store
-from pipeline.sinks import SINK_GROUP, SINK_TIME  # the time and group columns the manifest records
+from pipeline.sinks import SINK_GROUP, SINK_TIME, open_table  # the time and group columns the console counts by
 
 REFRESH_MIN_S = 1.0
-Identity = tuple[str, int, int]  # (path, size, mtime_ns) of a listed file
 
 
 @dataclass(frozen=True)
@@ -48,18 +44,17 @@ class SinkFile:
 
 
 class SinkCatalog:
-    """The committed files of one data dir's sinks; :meth:`files` keeps the listing current."""
+    """The current files of one data dir's sinks; :meth:`files` keeps the listing current."""
 
     def __init__(self, data_dir: Path):
         self.data_dir = Path(data_dir)
-        self._known: dict[str, dict[Identity, SinkFile]] = {sink: {} for sink in store.SINKS}
+        self._known: dict[str, dict[str, SinkFile]] = {sink: {} for sink in store.SINKS}
         self._listed_at: dict[str, float] = {}
         self._lock = threading.Lock()
-        self._manifest = ManifestReader(store.sink_manifest_path(self.data_dir))
         self._connection: duckdb.DuckDBPyConnection | None = None
 
     def files(self, sink: str) -> list[SinkFile]:
-        """The sink's committed files, oldest batch first."""
+        """The sink's current files, oldest batch first."""
         with self._lock:
             if time.monotonic() - self._listed_at.get(sink, -REFRESH_MIN_S) >= REFRESH_MIN_S:
                 self._refresh(sink)
@@ -67,47 +62,83 @@ class SinkCatalog:
             return sorted(self._known[sink].values(), key=lambda entry: (entry.batch_id, entry.path))
 
     def _refresh(self, sink: str) -> None:
-        listed = _list_files(store.sink_dir(self.data_dir, sink))
+        stats = table_file_stats(store.sink_dir(self.data_dir, sink), sink)
         known = self._known[sink]
-        for identity in set(known) - set(listed):
-            del known[identity]  # removed by a restore, or rewritten
-        new = {identity: batch_id for identity, batch_id in listed.items() if identity not in known}
-        if not new:
-            return
-        self._manifest.read_new_lines()
-        unrecorded = {}
-        for identity, batch_id in new.items():
-            entry = self._manifest.take(sink, batch_id, identity)
+        for path in set(known) - set(stats):
+            del known[path]  # compacted away, or taken back by a restore
+        unread = {}
+        for path, entry in stats.items():
+            if path in known:
+                continue
             if entry is None:
-                unrecorded[identity] = batch_id
+                unread[path] = None
             else:
-                known[identity] = entry
-        if unrecorded:
-            known.update(self._read_stats(sink, unrecorded))
+                known[path] = entry
+        if unread:
+            known.update(self._read_stats(sink, list(unread)))
 
-    def _read_stats(self, sink: str, new: dict[Identity, int]) -> dict[Identity, SinkFile]:
-        """Rows, time range and groups of files the manifest does not cover, in one DuckDB pass."""
+    def _read_stats(self, sink: str, paths: list[str]) -> dict[str, SinkFile]:
+        """Rows, batch, time range and groups of files whose log statistics do not tell them, in one DuckDB pass."""
         if self._connection is None:
             self._connection = duckdb.connect(":memory:")
-        by_path = {identity[0]: (identity, batch_id) for identity, batch_id in new.items()}
         column, group = SINK_TIME[sink], SINK_GROUP.get(sink, "NULL")
         rows = self._connection.execute(
-            f"SELECT filename, {group}, count(*), min(epoch_ms({column})), max(epoch_ms({column})) "
+            f"SELECT filename, {group}, count(*), min(epoch_ms({column})), max(epoch_ms({column})), min(batch_id) "
             "FROM read_parquet($files, filename = true, hive_partitioning = false) GROUP BY ALL",
-            {"files": list(by_path)},
+            {"files": paths},
         ).fetchall()
-        per_file: dict[str, list] = {path: [0, None, None, []] for path in by_path}
-        for path, value, count, min_ms, max_ms in rows:
+        per_file: dict[str, list] = {path: [0, None, None, [], None] for path in paths}
+        for path, value, count, min_ms, max_ms, batch_id in rows:
             entry = per_file[path]
             entry[0] += count
             entry[1] = min_ms if entry[1] is None else min(entry[1], min_ms)
             entry[2] = max_ms if entry[2] is None else max(entry[2], max_ms)
+            entry[4] = batch_id if entry[4] is None else min(entry[4], batch_id)
             if value is not None:
                 entry[3].append((value, int(count)))
         return {
-            by_path[path][0]: SinkFile(path, by_path[path][1], int(count), min_ms, max_ms, tuple(sorted(groups)))
-            for path, (count, min_ms, max_ms, groups) in per_file.items()  # a file with no rows keeps zeros
+            path: SinkFile(path, int(batch_id or 0), int(count), min_ms, max_ms, tuple(sorted(groups)))
+            for path, (count, min_ms, max_ms, groups, batch_id) in per_file.items()  # a file with no rows keeps zeros
         }
+
+
+def table_file_stats(table_path: Path, sink: str) -> dict[str, SinkFile | None]:
+    """``path -> SinkFile`` for every file of the table's current version, from its Delta log
+    alone; None for a file whose statistics do not tell its rows per group (several values)
+    or its time range (no statistics), which the caller reads. {} without a table."""
+    table = open_table(table_path)
+    if table is None:
+        return {}
+    actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    root = str(Path(table_path).absolute())
+    column, group = SINK_TIME[sink], SINK_GROUP.get(sink)
+    found: dict[str, SinkFile | None] = {}
+    for action in actions:
+        path = action["path"] if action["path"].startswith("/") else f"{root}/{action['path']}"
+        rows = action.get("num_records")
+        low, high = action.get(f"min.{column}"), action.get(f"max.{column}")
+        if rows is None or (rows and (low is None or high is None)):
+            found[path] = None
+            continue
+        groups: tuple[tuple[str, int], ...] = ()
+        if group is not None and rows:
+            nulls, first, last = action.get(f"null_count.{group}"), action.get(f"min.{group}"), action.get(f"max.{group}")
+            if nulls == rows:
+                groups = ()
+            elif nulls == 0 and first is not None and first == last:
+                groups = ((first, int(rows)),)
+            else:
+                found[path] = None
+                continue
+        found[path] = SinkFile(path, int(action.get("min.batch_id") or 0), int(rows), _epoch_ms(low), _epoch_ms(high), groups)
+    return found
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _epoch_ms(value) -> int | None:
+    return None if value is None else (value - _EPOCH) // timedelta(milliseconds=1)
 
 
 def bucket_start_ms(time_ms: int, end_ms: int, width_ms: int) -> int:
@@ -144,114 +175,6 @@ def count_by_bucket(files: list[SinkFile], end_ms: int, window_ms: int, width_ms
         for key, rows in parts:
             counts[key] = counts.get(key, 0) + rows
     return counts, unread
-
-
-class ManifestReader:
-    """The job's sink manifest, read incrementally: each call reads only the complete lines
-    appended since the last one, and starts over when the file was replaced (a restore prunes
-    it). Not thread-safe: its catalog calls it under the catalog's lock."""
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self._file_id: tuple[int, int] | None = None
-        self._offset = 0
-        # (sink, batch id, file name) -> (size, mtime_ns, SinkFile without its folder path)
-        self._lines: dict[tuple[str, int, str], tuple[int, int, SinkFile]] = {}
-
-    def read_new_lines(self) -> int:
-        """Parse the lines appended since the last call; returns how many parsed."""
-        try:
-            with open(self.path, "rb") as handle:
-                info = os.fstat(handle.fileno())
-                if (info.st_dev, info.st_ino) != self._file_id or info.st_size < self._offset:
-                    self._file_id, self._offset = (info.st_dev, info.st_ino), 0
-                    self._lines.clear()
-                handle.seek(self._offset)
-                data = handle.read()
-        except FileNotFoundError:
-            self._file_id, self._offset = None, 0
-            self._lines.clear()
-            return 0
-        complete = data[: data.rfind(b"\n") + 1]  # a half-written last line waits for its end
-        self._offset += len(complete)
-        parsed = 0
-        for row in _decode_lines(complete):
-            recorded = parse_manifest_row(row)
-            if recorded is not None:
-                key, size, mtime_ns, entry = recorded
-                self._lines[key] = (size, mtime_ns, entry)
-                parsed += 1
-        return parsed
-
-    def take(self, sink: str, batch_id: int, identity: Identity) -> SinkFile | None:
-        """The recorded facts of a listed file, if a line matches its name, size and mtime
-        (and forgets the line: the catalog keeps the entry from now on)."""
-        path, size, mtime_ns = identity
-        key = (sink, batch_id, os.path.basename(path))
-        recorded = self._lines.get(key)
-        if recorded is None or recorded[:2] != (size, mtime_ns):
-            return None
-        del self._lines[key]
-        entry = recorded[2]
-        return SinkFile(path, batch_id, entry.rows, entry.min_ms, entry.max_ms, entry.rows_by_group)
-
-
-def parse_manifest_row(row) -> tuple[tuple[str, int, str], int, int, SinkFile] | None:
-    """``((sink, batch id, file name), size, mtime_ns, SinkFile)`` from one decoded manifest
-    line (format: :mod:`pipeline.sinks`); None for a line of another shape, which is skipped."""
-    try:
-        key = (str(row["sink"]), int(row["batch_id"]), str(row["file"]))
-        groups = tuple(sorted((str(value), int(count)) for value, count in row.get("groups", {}).items()))
-        entry = SinkFile(key[2], key[1], int(row["rows"]), _optional_int(row["min_ms"]), _optional_int(row["max_ms"]), groups)
-        return key, int(row["size"]), int(row["mtime_ns"]), entry
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None
-
-
-def _decode_lines(data: bytes) -> list:
-    """The JSON values of the lines in ``data``, skipping lines that do not parse (a torn write).
-    One ``json.loads`` for the lot is several times faster than one per line."""
-    lines = [line for line in data.splitlines() if line.strip()]
-    try:
-        return json.loads(b"[" + b",".join(lines) + b"]")
-    except ValueError:
-        pass
-    decoded = []
-    for line in lines:
-        try:
-            decoded.append(json.loads(line))
-        except ValueError:
-            continue
-    return decoded
-
-
-def _optional_int(value) -> int | None:
-    return None if value is None else int(value)
-
-
-def _list_files(sink_dir: Path) -> dict[Identity, int]:
-    """``(path, size, mtime_ns) -> batch id`` for every ``batch=<id>/*.parquet`` under the sink."""
-    found: dict[Identity, int] = {}
-    try:
-        folders = list(os.scandir(sink_dir))
-    except FileNotFoundError:
-        return found
-    for folder in folders:
-        if not folder.name.startswith("batch=") or not folder.is_dir():
-            continue
-        try:
-            batch_id = int(folder.name.split("=", 1)[1])
-            entries = list(os.scandir(folder.path))
-        except (ValueError, FileNotFoundError):
-            continue  # not a batch folder, or removed while we listed
-        for entry in entries:
-            if entry.name.endswith(".parquet") and entry.is_file():
-                try:
-                    info = entry.stat()
-                except FileNotFoundError:
-                    continue
-                found[(entry.path, info.st_size, info.st_mtime_ns)] = batch_id
-    return found
 
 
 _catalogs: dict[Path, SinkCatalog] = {}

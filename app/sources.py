@@ -1,7 +1,8 @@
 """How the console reads the stores: the DuckDB connection and the FROM clauses of every query.
 
-The sinks are Parquet under ``<data_dir>/sinks/<name>/`` and the metrics store is JSON Lines
-under ``<data_dir>/metrics/<stream>/`` (DESIGN.md §5, §6). Both may not exist yet, and a
+The sinks are Delta tables under ``<data_dir>/sinks/<name>/`` (their current files come from
+the Delta log: :func:`table_relation`, :mod:`app.catalog`; never glob the folder) and the
+metrics store is JSON Lines under ``<data_dir>/metrics/<stream>/`` (DESIGN.md §5, §6). Both may not exist yet, and a
 metrics file may end in a half-written line while the job appends to it. Every reader goes
 through :func:`sink_relation` and :func:`metrics_relation`, which return SQL text that is
 either a reader over the files or an empty relation of the same columns, so a query never
@@ -20,6 +21,7 @@ import pandas as pd
 
 from app.catalog import SinkFile, catalog_for
 from pipeline import store
+from pipeline.sinks import table_files
 
 # Column types of the on-disk contract. Only the empty relations use them: a reader over
 # real files takes the types from the Parquet footers and the JSON column spec below.
@@ -131,7 +133,6 @@ def sink_relation(data_dir: Path, sink: str, newer_than_ms: int | None = None, n
     ``newer_than_ms`` reads only the files holding a row committed after that time, and
     ``newest_rows`` only the newest files that hold at least that many rows; the query still
     filters rows itself, these only skip files that cannot match (see :mod:`app.catalog`).
-    The ``batch=…`` folders are not read as Hive partitions: ``batch_id`` is already a column.
     """
     files = catalog_for(data_dir).files(sink)
     if newer_than_ms is not None:
@@ -161,6 +162,17 @@ def files_relation(sink: str, files: list[SinkFile]) -> str:
         added = empty_relation({name: SINK_COLUMNS[sink][name] for name in ADDED_COLUMNS})
         return f"(SELECT * FROM {added} UNION ALL BY NAME SELECT * FROM {relation})"
     return relation
+
+
+def table_relation(table_path: Path, columns: dict[str, str]) -> str:
+    """FROM-clause text for the current rows of any Delta table (the files its log lists now,
+    read with ``read_parquet``), or no rows with these columns if it has none yet. Where
+    DuckDB's delta extension is installed, ``delta_scan('<path>')`` reads the same rows."""
+    files = table_files(Path(table_path))
+    if not files:
+        return empty_relation(columns)
+    file_list = "[" + ", ".join(sql_text(path) for path in files) + "]"
+    return f"read_parquet({file_list}, hive_partitioning = false, union_by_name = true)"
 
 
 def metrics_files(data_dir: Path, stream: str) -> list[Path]:

@@ -45,8 +45,8 @@ def summarize_error(text: str) -> str:
     lines = [line.strip() for line in str(text).splitlines() if line.strip()]
     for pattern in (r"^pipeline\.errors\.\w+: .+", r"^\w*(Error|Exception): .+"):
         found = [line for line in lines if re.match(pattern, line)]
-        if found:
-            return found[-1][:500]
+        if found:  # our own errors (a sink's, raised in foreachBatch) read without their class name
+            return re.sub(r"^pipeline\.errors\.\w+: ", "", found[-1])[:500]
     return (lines[0] if lines else "unknown error")[:500]
 
 
@@ -191,10 +191,11 @@ def attach_event_clock(spark, metrics_store: MetricsStore, settings: Settings):
 
 
 def recover_sinks(writer: SinkWriter, settings: Settings) -> int:
-    """Publish batches committed just before a crash; drop staged ones Spark will re-run."""
+    """The checkpoint's last committed batch; sink batches a replaced checkpoint no longer
+    counts are taken back (a batch committed to the sinks but not by Spark is kept: its re-run
+    commits nothing twice)."""
     last = last_committed_batch(store.checkpoint_dir(settings.data_dir))
-    writer.publish_committed(last)
-    writer.discard_uncommitted(last)
+    writer.recover(last)
     return last
 
 

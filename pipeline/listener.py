@@ -1,11 +1,10 @@
-"""The query listener: publishes committed sink batches and records progress, tasks, replays and order shares.
+"""The query listener: records progress, tasks, replays and order shares.
 
-Spark calls ``onQueryProgress`` on the driver after a batch is in the commit log, so that is
-where staged sink files become visible. Order shares: when the changelogs alone have filled the
+Spark calls ``onQueryProgress`` on the driver after a batch is in the commit log (the sinks
+committed it already, inside foreachBatch: pipeline/sinks.py). Order shares: when the changelogs alone have filled the
 batch cap for long enough that the orders get a share anyway, that is an event
 (``orders_share_started``), and so is its end (``orders_share_ended``, with the orders admitted
-meanwhile); :func:`decide_order_share` decides both from the progress rows. A publish failure is not the listener's to swallow:
-the writer latches it (pipeline/sinks.py) and the job stops on it with the path in one line. Task metrics come from Spark's REST API (the UI binds
+meanwhile); :func:`decide_order_share` decides both from the progress rows. Task metrics come from Spark's REST API (the UI binds
 127.0.0.1) on a background thread, so the listener bus never waits on HTTP.
 """
 
@@ -25,7 +24,6 @@ from pyspark.sql.streaming import StreamingQueryListener
 from pipeline import metrics, store
 from pipeline.enrich.lookups import LOOKUPS
 from pipeline.metrics import MetricsStore
-from pipeline.errors import SinkError
 from pipeline.sinks import SinkWriter
 
 log = logging.getLogger(__name__)
@@ -68,10 +66,6 @@ class JobListener(ProgressListener):
         try:
             progress = json.loads(event.progress.json)
             batch_id = progress["batchId"]
-            try:
-                self.writer.publish_committed(batch_id)
-            except SinkError as exc:  # latched in the writer: the job stops on it
-                log.error("%s", exc)
             row = metrics.build_progress_row(progress, self.trigger_interval_ms, self.writer.last_counts.get(batch_id),
                                              metrics.directory_size(self.checkpoint / "state"))
             self.store.append("progress", row)

@@ -4,8 +4,9 @@
   commits up to N and state files up to version N+1. Checkpoint files are written once and
   renamed into place, so a copy filtered by version is consistent even while the job runs.
 - **Restore** puts a savepoint back as the checkpoint of a stopped job (it holds the job lock).
-  It keeps the sink batches that the savepoint counts as committed (publishing those still
-  staged) and drops only the batches after N, which the job will produce again. A crash at any
+  It takes each sink (a Delta table) back to batch N, in one Delta restore commit whose
+  transaction version is N, so the batches after N, which the job produces again, commit once.
+  A savepoint older than what the sinks' vacuum kept is refused in one line, before anything changes. A crash at any
   point leaves either the old or the new checkpoint: the copy is swapped in with one rename,
   and a journal lets the next restore or job start finish (or undo) a restore cut short.
 - A restore warns when the savepoint is older than the orders topic's retention (where the
@@ -34,7 +35,7 @@ from pathlib import Path
 
 from pipeline import store
 from pipeline.config import Settings, pulsar_admin_headers
-from pipeline.errors import ControlError
+from pipeline.errors import ControlError, SinkError
 from pipeline.lock import acquire_job_lock, file_lock
 from pipeline.metrics import MetricsStore, iso, now_ms
 from pipeline.sinks import SinkWriter, last_committed_batch
@@ -226,9 +227,7 @@ def _settle_restore(settings: Settings) -> str | None:
     if _inode(checkpoint) != plan["inode"] and _inode(copy) == plan["inode"] and not checkpoint.exists():
         os.rename(copy, checkpoint)  # cut between the two renames of the fallback swap
     if _inode(checkpoint) == plan["inode"]:
-        writer = SinkWriter(settings.data_dir)
-        writer.discard_uncommitted(plan["batch_id"])
-        writer.drop_published_after(plan["batch_id"])
+        SinkWriter(settings.data_dir).rollback(plan["batch_id"])  # idempotent: a cut restore redoes it
         _record_restore(settings, plan)
         shutil.rmtree(copy, ignore_errors=True)  # the old checkpoint, after the swap
         shutil.rmtree(old, ignore_errors=True)
@@ -245,8 +244,8 @@ def _settle_restore(settings: Settings) -> str | None:
 def restore_savepoint(settings: Settings, name: str, now: int | None = None) -> SavepointInfo:
     """Make a savepoint the checkpoint of the (stopped) job.
 
-    Sink batches up to the savepoint's batch N stay (staged ones committed by the old
-    checkpoint are published first); batches after N are dropped, since the job redoes them.
+    Sink batches up to the savepoint's batch N stay; the sinks go back to N (a Delta restore),
+    since the job redoes the batches after it.
     Holds the job lock throughout, so no job can start mid-restore.
     """
     check_name(name)
@@ -264,6 +263,11 @@ def restore_savepoint(settings: Settings, name: str, now: int | None = None) -> 
                 f"went back to batch {abandoned['batch_id']}, and the sinks no longer hold its batches "
                 f"{abandoned['batch_id'] + 1}-{info.batch_id}; restoring it would lose and double rows: restore "
                 "a savepoint taken since, or start afresh in a new data dir")
+        try:
+            SinkWriter(settings.data_dir).rollback_plan(info.batch_id)  # changes nothing
+        except SinkError as exc:
+            raise ControlError(f"savepoint {name!r} (batch {info.batch_id}) is older than what the sinks' vacuum kept: "
+                               f"{exc}; restore a newer savepoint, or start afresh in a new data dir") from None
         warnings = tuple(filter(None, [retention_warning(settings, info, now_ms() if now is None else now)]))
         checkpoint = store.checkpoint_dir(settings.data_dir)
         copy = checkpoint.with_name(".checkpoint.restoring")
@@ -271,9 +275,6 @@ def restore_savepoint(settings: Settings, name: str, now: int | None = None) -> 
         try:
             shutil.rmtree(copy, ignore_errors=True)
             _copy_checkpoint(info.path / "checkpoint", copy)
-            writer = SinkWriter(settings.data_dir)
-            # Batches both checkpoints count as committed stay; publish those still staged now.
-            writer.publish_committed(min(last_committed_batch(checkpoint), info.batch_id))
             journal.parent.mkdir(parents=True, exist_ok=True)
             journal_tmp = journal.with_name(journal.name + ".tmp")
             journal_tmp.write_text(json.dumps({"savepoint": name, "batch_id": info.batch_id, "inode": _inode(copy),

@@ -1,50 +1,39 @@
-"""The Parquet sinks: enriched, missing_state and dead_letter, exactly-once for a glob reader.
+"""The sinks: enriched, missing_state and dead_letter, one Delta Lake table each (delta-rs).
 
-Delivery guarantee: a DuckDB reader that globs ``<data_dir>/sinks/<name>/**/*.parquet`` sees
-only rows of committed micro-batches, each once, even right after ``kill -9``. How:
+Each sink is a Delta table under ``<data_dir>/sinks/<name>/`` (DESIGN.md §5). Its log
+(``_delta_log/``) says which Parquet files make up the current table, with their row counts
+and min/max column statistics, so a reader asks the log (:func:`table_files`, or DuckDB's
+``delta_scan`` where its delta extension is installed) and never globs the folder: files that
+compaction replaced stay on disk until vacuum removes them.
 
-1. ``stage_batch`` (called inside foreachBatch, on the driver) writes the batch's files under
-   ``<data_dir>/staging/<name>/batch=<id>/``, replacing whatever an earlier, failed attempt of
-   the same batch left there.
-2. ``publish_committed`` renames each staged batch folder into ``sinks/<name>/`` once Spark has
-   written the batch to its commit log (called from the query listener, and at start-up for
-   batches committed just before a crash). A rename is atomic, so a batch appears whole.
-3. ``discard_uncommitted`` drops staged batches Spark never committed; Spark re-runs them.
+Delivery guarantee, exactly-once for every reader of the log, even right after ``kill -9``:
 
-A failure in step 1 or 2 names the path in one SinkError and is never retried: a full disk
-or a read-only folder stays so. A publish failure (it happens in the query listener, outside
-the batch) is latched in :attr:`SinkWriter.failure`: the job polls it and stops, and the next
-``stage_batch`` raises it too, so no batch is staged while an earlier committed one is unpublished.
+- ``commit_batch`` (called inside foreachBatch, on the driver) writes a batch's rows of each
+  sink as one Delta commit carrying the transaction identifier ``(APP_ID, batch id)``. A
+  table whose transaction version is already >= the batch id has that batch (Spark re-runs
+  a batch it had not committed when the job died): it is skipped, so nothing commits twice.
+  A batch with no rows for a sink makes no commit there.
+- A savepoint restore to batch N (:meth:`DeltaSinks.rollback`) restores each table to its
+  newest version whose transaction version is <= N, in a commit whose transaction version is
+  N, so batches N+1… commit again when the job redoes them. The restore journal
+  (pipeline/savepoints.py) makes it finish after a crash: rolling back twice is a no-op.
+- :meth:`DeltaSinks.maintain` compacts small files (``optimize``) and vacuums files that no
+  version within the retention needs; the job runs it on a schedule (``sinks.*`` settings),
+  on its own thread: Delta's optimistic concurrency lets batches commit meanwhile.
 
-The sink manifest (``<data_dir>/metrics/sink_files.jsonl``) lets the console know every
-committed file's rows and time range without opening thousands of files. After each publish,
-one appended JSON line per published file records what is in it::
-
-    {"sink": "missing_state", "batch_id": 42, "file": "part-00000.parquet", "size": 5123,
-     "mtime_ns": 1795000000123456789, "rows": 17, "min_ms": 1795000000456,
-     "max_ms": 1795000000456, "groups": {"user": 9, "item": 8}}
-
-It is a hint, never the truth: a reader trusts a line only for a file that exists with that
-size and mtime, and reads files no line covers itself. So a crash between a rename and its
-line, a half-written last line, or a failure to write the manifest (logged, never fatal)
-costs the console time, not correctness. Lines are written only for published batches, each
-publish with one ``write``; ``drop_published_after`` (a savepoint restore) rewrites the
-manifest without the batches it removes.
+A failure to write names the path in one SinkError and is never retried: a full disk or a
+read-only folder stays so.
 """
 
 from __future__ import annotations
 
-import json
 import logging
+import math
 import os
-import shutil
 import time
 from pathlib import Path
-from typing import Iterable
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from pipeline import store
 from pipeline.errors import SinkError
@@ -77,7 +66,7 @@ SCHEMAS = {
 
 
 # The column each sink is timed by (when the job committed the row), and a column whose rows
-# per value the manifest records too (why orders went missing).
+# per value the console counts (why orders went missing).
 SINK_TIME = {"enriched": "enriched_at", "missing_state": "detected_at", "dead_letter": "detected_at"}
 SINK_GROUP = {"missing_state": "reason"}
 
@@ -110,196 +99,218 @@ def split_wide(table: pa.Table, batch_id: int, now_ms: int) -> dict[str, pa.Tabl
     return tables
 
 
-class SinkWriter:
-    """Stages each micro-batch and publishes it once committed (see the module docstring)."""
+APP_ID = "stateful-streams"  # the Delta transaction id of the job's commits; its version is the batch id
+BATCH_KEY = "pipeline_batch_id"  # commit metadata: the batch a write (or a restore) brings the table to
 
-    def __init__(self, data_dir: Path):
-        self.data_dir = Path(data_dir)
+
+def open_table(path: Path, version: int | None = None):
+    """The Delta table at ``path`` (at ``version``), or None if there is none yet (no folder:
+    a writer then fails to create it, naming the path)."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    if not Path(path).is_dir():
+        return None
+    try:
+        return DeltaTable(str(path), version=version)
+    except TableNotFoundError:
+        return None
+
+
+def table_files(path: Path) -> list[str]:
+    """The local paths of the Parquet files of a table's current version ([] without a table)."""
+    table = open_table(path)
+    return [] if table is None else [_local(uri) for uri in table.file_uris()]
+
+
+def sink_files(data_dir: Path, sink: str) -> list[str]:
+    """The current files of one of the job's sinks."""
+    return table_files(store.sink_dir(data_dir, sink))
+
+
+def _local(uri: str) -> str:
+    return uri[len("file://"):] if uri.startswith("file://") else uri
+
+
+def committed_batch(table) -> int:
+    """The newest batch a table holds (its transaction version), -1 if none."""
+    if table is None:
+        return -1
+    version = table.transaction_version(APP_ID)
+    return -1 if version is None else int(version)
+
+
+def _commit(batch_id: int):
+    from deltalake import CommitProperties, Transaction
+
+    return CommitProperties(app_transactions=[Transaction(APP_ID, int(batch_id))],
+                            custom_metadata={BATCH_KEY: str(int(batch_id))})
+
+
+def version_for_batch(table, batch_id: int) -> int | None:
+    """The newest version of ``table`` whose transaction version is <= ``batch_id`` (an
+    optimize or vacuum after that batch's commit counts as it), or None if every version in
+    the log holds a later batch. Reads the log's commit infos newest first."""
+    limit = 64
+    while True:
+        history = table.history(limit)  # newest first
+        newest_unlabelled = None  # the newest optimize/vacuum version since the last labelled commit
+        for commit in history:
+            label = commit.get(BATCH_KEY)
+            if label is None:
+                if newest_unlabelled is None:
+                    newest_unlabelled = commit["version"]
+                continue
+            if int(label) <= batch_id:
+                return newest_unlabelled if newest_unlabelled is not None else commit["version"]
+            newest_unlabelled = None
+        if len(history) < limit or (history and history[-1]["version"] == 0):
+            return None
+        limit *= 4
+
+
+class DeltaSinks:
+    """Idempotent per-batch commits to a set of Delta tables, their rollback and maintenance."""
+
+    def __init__(self, paths: dict[str, Path]):
+        self.paths = {name: Path(path) for name, path in paths.items()}
         self.last_counts: dict[int, dict[str, int]] = {}
-        self.failure: SinkError | None = None  # the first publish failure; the job stops on it
+        self.failure: SinkError | None = None  # kept for the job's loop; commits raise at once
 
-    def stage_batch(self, tables: dict[str, pa.Table], batch_id: int) -> dict[str, int]:
-        if self.failure is not None:
-            raise SinkError(str(self.failure))
-        counts = {name: 0 for name in SCHEMAS}
-        for name in SCHEMAS:
-            folder = store.staging_dir(self.data_dir, name) / store.batch_folder(batch_id)
+    def commit_batch(self, tables: dict[str, pa.Table], batch_id: int) -> dict[str, int]:
+        """Commit each sink's rows of this batch, once: a sink that already holds the batch
+        (a re-run after a crash) is skipped. Returns the rows committed per sink."""
+        from deltalake import WriterProperties, write_deltalake
+
+        counts = {name: 0 for name in self.paths}
+        for name, path in self.paths.items():
+            table = tables.get(name)
+            if table is None or table.num_rows == 0:
+                continue
             try:
-                if folder.exists():
-                    shutil.rmtree(folder)  # a failed earlier attempt of this batch
-                table = tables.get(name)
-                if table is None or table.num_rows == 0:
+                existing = open_table(path)
+                if committed_batch(existing) >= batch_id:
+                    log.info("sink %s already holds batch %d; not committing it again", name, batch_id)
                     continue
-                folder.mkdir(parents=True, exist_ok=True)
-                tmp = folder / "part-00000.parquet.tmp"
-                pq.write_table(table, tmp, compression="zstd")
-                with open(tmp, "rb") as handle:
-                    os.fsync(handle.fileno())
-                os.replace(tmp, folder / "part-00000.parquet")
+                path.mkdir(parents=True, exist_ok=True)
+                write_deltalake(existing if existing is not None else str(path), table, mode="append",
+                                schema_mode="merge", commit_properties=_commit(batch_id),
+                                writer_properties=WriterProperties(compression="ZSTD"))
                 counts[name] = table.num_rows
             except OSError as exc:
-                raise SinkError(f"cannot write sink {name!r} batch {batch_id} under {str(folder)!r}: "
+                raise SinkError(f"cannot write sink {name!r} batch {batch_id} under {str(path)!r}: "
                                 f"{exc.strerror or exc}") from exc
+            except Exception as exc:  # delta-rs raises its own types for I/O failures and conflicts
+                if committed_batch(open_table(path)) >= batch_id:  # a concurrent commit of this batch won
+                    log.info("sink %s: batch %d was committed concurrently; not committing it again", name, batch_id)
+                    continue
+                raise SinkError(f"cannot write sink {name!r} batch {batch_id} under {str(path)!r}: "
+                                f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
         self.last_counts[batch_id] = counts
         if len(self.last_counts) > 100:
             self.last_counts.pop(min(self.last_counts))
         return counts
 
+    def committed_batches(self) -> dict[str, int]:
+        """The newest batch each table holds (-1 for none)."""
+        return {name: committed_batch(open_table(path)) for name, path in self.paths.items()}
+
+    def rollback_plan(self, batch_id: int) -> dict[str, int | None]:
+        """Per table holding batches after ``batch_id``: the version to restore (None: empty
+        it). Raises SinkError, changing nothing, if a version's files are gone (vacuumed) or its
+        log entry was cleaned up."""
+        plan = {}
+        for name, path in self.paths.items():
+            table = open_table(path)
+            if committed_batch(table) <= batch_id:
+                continue
+            version = version_for_batch(table, batch_id)
+            if version is not None:
+                missing = _missing_files(path, version)
+                if missing:
+                    raise SinkError(f"sink {name!r} no longer has the files of batch {batch_id} "
+                                    f"(Delta version {version}; vacuum removed {missing[0]!r}"
+                                    f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''})")
+            elif _oldest_version(table) > 0:
+                raise SinkError(f"sink {name!r} no longer has the log of batch {batch_id} (its oldest "
+                                f"Delta version is {_oldest_version(table)})")
+            plan[name] = version
+        return plan
+
+    def rollback(self, batch_id: int) -> dict[str, int | None]:
+        """Take every table back to ``batch_id``: each holding later batches is restored to its
+        newest version at or before it, in a commit whose transaction version is ``batch_id``,
+        so the batches after it commit again when the job redoes them. Idempotent."""
+        plan = self.rollback_plan(batch_id)
+        for name, version in plan.items():
+            table = open_table(self.paths[name])
+            if version is None:
+                table.delete(commit_properties=_commit(batch_id))
+            else:
+                table.restore(version, commit_properties=_commit(batch_id))
+            log.warning("sink %s taken back to batch %d (Delta version %s)", name, batch_id, version)
+        return plan
+
+    def maintain(self, compact: bool = True, retention_s: float | None = None) -> dict[str, dict]:
+        """Compact each table's small files, then vacuum the files no version within
+        ``retention_s`` needs (None: no vacuum), and drop expired log entries. Safe while
+        batches commit (Delta's optimistic concurrency), and after a kill at any point:
+        files a killed optimize wrote are in no commit, and a later vacuum removes them."""
+        from deltalake import WriterProperties
+
+        done = {}
+        for name, path in self.paths.items():
+            table = open_table(path)
+            if table is None:
+                continue
+            facts: dict = {}
+            if compact:
+                metrics = table.optimize.compact(writer_properties=WriterProperties(compression="ZSTD"))
+                facts["files_removed"] = metrics.get("numFilesRemoved", 0)
+                facts["files_added"] = metrics.get("numFilesAdded", 0)
+            if retention_s is not None:
+                table = open_table(path)
+                removed = table.vacuum(retention_hours=max(0, math.ceil(retention_s / 3600)), dry_run=False,
+                                       enforce_retention_duration=False)
+                facts["files_vacuumed"] = len(removed)
+            done[name] = facts
+        return done
+
+
+def _missing_files(path: Path, version: int) -> list[str]:
+    try:
+        table = open_table(path, version)
+    except Exception as exc:
+        return [f"the log of version {version} ({exc})"]
+    return [uri for uri in map(_local, table.file_uris()) if not os.path.exists(uri)]
+
+
+def _oldest_version(table) -> int:
+    history = table.history()
+    return min((commit["version"] for commit in history), default=0)
+
+
+class SinkWriter(DeltaSinks):
+    """The job's three sinks (see the module docstring)."""
+
+    def __init__(self, data_dir: Path):
+        self.data_dir = Path(data_dir)
+        super().__init__({name: store.sink_dir(self.data_dir, name) for name in SCHEMAS})
+
     def write_wide(self, table: pa.Table, batch_id: int) -> dict[str, int]:
-        """foreachBatch body: split the batch's wide rows per sink and stage them."""
-        return self.stage_batch(split_wide(table, batch_id, int(time.time() * 1000)), batch_id)
+        """foreachBatch body: split the batch's wide rows per sink and commit them."""
+        return self.commit_batch(split_wide(table, batch_id, int(time.time() * 1000)), batch_id)
 
-    def staged_batches(self) -> dict[str, list[int]]:
-        found: dict[str, list[int]] = {}
-        for name in SCHEMAS:
-            root = store.staging_dir(self.data_dir, name)
-            ids = sorted(int(p.name.split("=", 1)[1]) for p in root.glob("batch=*")) if root.exists() else []
-            found[name] = ids
-        return found
-
-    def publish_committed(self, last_committed: int) -> int:
-        """Move every staged batch <= last_committed into the sinks, then record the moved
-        files in the manifest; returns folders moved. A failure raises a SinkError naming the
-        path, and is kept in :attr:`failure`."""
-        published: list[tuple[str, int]] = []
-        try:
-            for name, ids in self._staged_or_fail().items():
-                for batch_id in ids:
-                    if batch_id > last_committed:
-                        continue
-                    source = store.staging_dir(self.data_dir, name) / store.batch_folder(batch_id)
-                    target = store.sink_dir(self.data_dir, name) / store.batch_folder(batch_id)
-                    try:
-                        target.parent.mkdir(parents=True, exist_ok=True)
-                        if target.exists():
-                            shutil.rmtree(target)
-                        os.rename(source, target)
-                        published.append((name, batch_id))
-                    except OSError as exc:
-                        self.failure = self.failure or SinkError(f"cannot publish {str(source)!r} to {str(target)!r}: "
-                                                                 f"{exc.strerror or exc}")
-                        raise self.failure from exc
-        finally:
-            record_published(self.data_dir, published)  # what did move, even if a later rename failed
-        return len(published)
-
-    def _staged_or_fail(self) -> dict[str, list[int]]:
-        try:
-            return self.staged_batches()
-        except OSError as exc:
-            root = store.staging_dir(self.data_dir, "enriched").parent
-            self.failure = self.failure or SinkError(f"cannot list staged sink batches under {str(root)!r}: "
-                                                     f"{exc.strerror or exc}")
-            raise self.failure from exc
-
-    def discard_uncommitted(self, last_committed: int) -> int:
-        dropped = 0
-        for name, ids in self.staged_batches().items():
-            for batch_id in ids:
-                if batch_id > last_committed:
-                    shutil.rmtree(store.staging_dir(self.data_dir, name) / store.batch_folder(batch_id), ignore_errors=True)
-                    dropped += 1
-        return dropped
-
-    def drop_published_after(self, batch_id: int) -> int:
-        """Remove published batches after ``batch_id`` (restoring a savepoint re-runs them),
-        and their manifest lines. Called only while the job is stopped."""
-        dropped = 0
-        for name in SCHEMAS:
-            root = store.sink_dir(self.data_dir, name)
-            for folder in root.glob("batch=*") if root.exists() else []:
-                if int(folder.name.split("=", 1)[1]) > batch_id:
-                    shutil.rmtree(folder)
-                    dropped += 1
-        prune_manifest(self.data_dir, batch_id)
-        return dropped
-
-
-# ------------------------------------------------------------------------ the manifest
-
-
-def summarize_table(table: pa.Table, sink: str) -> dict:
-    """What the manifest records of a sink file's rows: ``rows, min_ms, max_ms`` (the sink's
-    time column, epoch ms; None without rows) and, for a sink with a group column, ``groups``
-    (rows per non-null value)."""
-    times = table[SINK_TIME[sink]].cast(pa.timestamp("ms", tz="UTC"), safe=False).cast(pa.int64())
-    bounds = pc.min_max(times)
-    facts = {"rows": table.num_rows, "min_ms": bounds["min"].as_py(), "max_ms": bounds["max"].as_py()}
-    if sink in SINK_GROUP:
-        counts = pc.value_counts(table[SINK_GROUP[sink]]).to_pylist()
-        facts["groups"] = {row["values"]: row["counts"] for row in counts if row["values"] is not None}
-    return facts
-
-
-def describe_file(path: Path, sink: str, batch_id: int) -> dict:
-    """The manifest line of one published sink file (reads only its time and group columns)."""
-    path = Path(path)
-    info = path.stat()
-    columns = [SINK_TIME[sink]] + ([SINK_GROUP[sink]] if sink in SINK_GROUP else [])
-    facts = summarize_table(pq.read_table(path, columns=columns), sink)
-    return {"sink": sink, "batch_id": int(batch_id), "file": path.name, "size": info.st_size,
-            "mtime_ns": info.st_mtime_ns, **facts}
-
-
-def record_published(data_dir: Path, published: Iterable[tuple[str, int]]) -> int:
-    """Append the manifest lines of the files in these published ``(sink, batch id)`` folders,
-    with one ``write``; returns the lines written. A failure is logged, not raised: the
-    console then reads those files itself."""
-    lines = []
-    try:
-        for sink, batch_id in published:
-            folder = store.sink_dir(data_dir, sink) / store.batch_folder(batch_id)
-            for path in sorted(folder.glob("*.parquet")):
-                lines.append(json.dumps(describe_file(path, sink, batch_id), separators=(",", ":")) + "\n")
-        if lines:
-            _append_lines(store.sink_manifest_path(data_dir), "".join(lines).encode())
-    except (OSError, pa.ArrowException) as exc:
-        log.warning("cannot record published sink files in %s (the console will read them itself): %s",
-                    store.sink_manifest_path(data_dir), exc)
-        return 0
-    return len(lines)
-
-
-def prune_manifest(data_dir: Path, last_batch_id: int) -> None:
-    """Rewrite the manifest without lines of batches after ``last_batch_id`` (nor torn lines),
-    atomically. A failure is logged: readers ignore lines of files that no longer exist."""
-    path = store.sink_manifest_path(data_dir)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-        batches = [_batch_of_line(line) for line in lines]
-        tmp.write_text("".join(line + "\n" for line, batch_id in zip(lines, batches)
-                               if batch_id is not None and batch_id <= last_batch_id), encoding="utf-8")
-        os.replace(tmp, path)
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        log.warning("cannot prune the sink manifest %s after batch %d: %s", path, last_batch_id, exc)
-
-
-def _batch_of_line(line: str) -> int | None:
-    """The batch id of a manifest line; None for a line that does not parse (a torn write)."""
-    try:
-        return int(json.loads(line)["batch_id"])
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
-def _append_lines(path: Path, data: bytes) -> None:
-    """Append complete lines with one ``write`` on an ``O_APPEND`` descriptor. A last line a
-    crash left half-written is ended first, so it stays one unreadable line of its own."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        size = os.fstat(fd).st_size
-        if size and os.pread(fd, 1, size - 1) != b"\n":
-            data = b"\n" + data
-        written = os.write(fd, data)
-        if written != len(data):
-            raise OSError(f"short write to {str(path)!r}: {written} of {len(data)} bytes")
-    finally:
-        os.close(fd)
-
+    def recover(self, last_committed: int) -> dict[str, int | None]:
+        """At start: a table holds at most the batch after the checkpoint's last committed one
+        (committed to the sink, not yet by Spark: the re-run skips it). One holding more has
+        batches a replaced checkpoint no longer counts: take it back, so they commit once."""
+        ahead = {name: batch for name, batch in self.committed_batches().items() if batch > last_committed + 1}
+        if not ahead:
+            return {}
+        log.warning("sinks %s hold batches after the checkpoint's last committed batch %d; taking them back",
+                    ", ".join(sorted(ahead)), last_committed)
+        return self.rollback(last_committed)
 
 def last_committed_batch(checkpoint: Path) -> int:
     """The newest batch id in a checkpoint's commit log (-1 if none)."""

@@ -4,10 +4,8 @@
 <data_dir>/broker/                     embedded broker data, log, endpoint.json
 <data_dir>/checkpoint/                 Spark checkpoint of the running query (RocksDB state)
 <data_dir>/source-stats/               what each topic partition's entries held when last read (batch planning)
-<data_dir>/sinks/<name>/batch=<id>/    committed Parquet files, one folder per micro-batch
-<data_dir>/staging/<name>/batch=<id>/  files of a batch that Spark has not committed yet
+<data_dir>/sinks/<name>/               one Delta Lake table per sink (_delta_log/ and Parquet files; pipeline/sinks.py)
 <data_dir>/metrics/<stream>/<day>.jsonl   append-only progress, tasks and events
-<data_dir>/metrics/sink_files.jsonl    append-only manifest of published sink files (pipeline/sinks.py)
 <data_dir>/savepoints/<name>/          named copies of the checkpoint (savepoint.json inside)
 <data_dir>/control/replay/<seq>.json   replay requests the running job picks up
 <data_dir>/control/restore.json        journal of a savepoint restore under way (pipeline/savepoints.py)
@@ -40,12 +38,10 @@ def sink_dir(data_dir: Path, sink: str) -> Path:
 
 
 def sink_glob(data_dir: Path, sink: str) -> str:
-    """The glob a DuckDB reader uses; it matches committed files only."""
-    return str(sink_dir(data_dir, sink) / "**" / "*.parquet")
-
-
-def staging_dir(data_dir: Path, sink: str) -> Path:
-    return Path(data_dir) / "staging" / sink
+    """The data files of a sink's Delta table, as a glob. Only until the first compaction does
+    it match the current rows exactly: compacted files stay on disk until vacuum, so a reader
+    that must count each row once reads the log's list (pipeline.sinks.sink_files)."""
+    return str(sink_dir(data_dir, sink) / "*.parquet")
 
 
 def batch_folder(batch_id: int) -> str:
@@ -69,11 +65,6 @@ def metrics_dir(data_dir: Path, stream: str) -> Path:
 
 def metrics_glob(data_dir: Path, stream: str) -> str:
     return str(metrics_dir(data_dir, stream) / "*.jsonl")
-
-
-def sink_manifest_path(data_dir: Path) -> Path:
-    """The manifest of published sink files: rows and time range per file, for the console."""
-    return Path(data_dir) / "metrics" / "sink_files.jsonl"
 
 
 def savepoints_dir(data_dir: Path) -> Path:

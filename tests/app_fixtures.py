@@ -1,10 +1,8 @@
 """A factory of realistic data dirs for the console's tests and benchmark, in the on-disk contract.
 
 :func:`write_data_dir` writes what a run of the job leaves behind: the three Parquet sinks
-under ``sinks/<name>/batch=<012d>/part-*.parquet`` (pyarrow, the contract's types), the sink
-manifest the job appends when it publishes a batch (written by the job's own
-:func:`pipeline.sinks.record_published`; ``manifest=False`` leaves it out, as a data dir of an
-older job), and the ``progress``, ``tasks`` and ``events`` JSON Lines of the metrics store,
+as Delta tables, one commit per batch with the job's transaction identifier (through the job's
+own :class:`pipeline.sinks.DeltaSinks`, the contract's types), and the ``progress``, ``tasks`` and ``events`` JSON Lines of the metrics store,
 ending in a half-written line as a live job would. Everything is derived from one seeded random stream,
 so the same arguments give the same files; sizes scale from a few hundred rows (tests) to
 millions (bench/bench_console.py).
@@ -22,7 +20,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -95,7 +92,6 @@ def write_data_dir(
     tasks_per_stage: int = 4,
     now_ms: int | None = None,
     seed: int = 7,
-    manifest: bool = True,
 ) -> FixtureSummary:
     """Write a data dir whose newest batch ended ``now_ms`` minus half a trigger interval."""
     data_dir = Path(data_dir)
@@ -173,7 +169,7 @@ def write_data_dir(
             "batch_id": np.full(k, batch, dtype=np.int64), "source_topic": np.full(k, ORDERS_TOPIC),
             "source_partition": partition[e], "source_message_id": message_ids[e], "redrive_of": redrive_of,
         }
-        published = []  # the (sink, batch) folders this batch publishes
+        published = []  # the (sink, batch) commits of this batch
         if _write_batch(data_dir, "enriched", batch, enriched, ENRICHED_SCHEMA):
             published.append(("enriched", batch))
 
@@ -212,8 +208,6 @@ def write_data_dir(
         }
         if _write_batch(data_dir, "dead_letter", batch, dead, DEAD_LETTER_SCHEMA):
             published.append(("dead_letter", batch))
-        if manifest:
-            sinks.record_published(data_dir, published)  # as the job does once it publishes the batch
         summary.enriched_rows += k
         summary.missing_rows += j
         summary.dead_letter_rows += i
@@ -362,14 +356,12 @@ def _ts(epoch_ms: np.ndarray) -> pa.Array:
 
 
 def _write_batch(data_dir: Path, sink: str, batch: int, columns: dict, schema: pa.Schema) -> bool:
-    """Write one batch folder of a sink; False (and no folder) for a batch with no rows, as the job does."""
+    """Commit one batch to a sink's Delta table; False (and no commit) for a batch with no rows, as the job does."""
     if len(next(iter(columns.values()))) == 0:
         return False
-    folder = store.sink_dir(data_dir, sink) / store.batch_folder(batch)
-    folder.mkdir(parents=True, exist_ok=True)
     table = pa.table({name: pa.array(columns[name], type=schema.field(name).type) if not isinstance(columns[name], pa.Array)
                       else columns[name] for name in schema.names}, schema=schema)
-    pq.write_table(table, folder / f"part-00000-{uuid.uuid4()}.parquet")
+    sinks.DeltaSinks({sink: store.sink_dir(data_dir, sink)}).commit_batch({sink: table}, batch)
     return True
 
 
@@ -414,7 +406,7 @@ def read_sink(data_dir: Path, sink: str):
     """A whole sink as pandas, read with pyarrow (independently of the console's DuckDB SQL)."""
     import pandas as pd
 
-    files = sorted(store.sink_dir(data_dir, sink).glob("batch=*/*.parquet"))
+    files = sinks.sink_files(data_dir, sink)
     return pd.concat([pq.read_table(path).to_pandas() for path in files], ignore_index=True)
 
 

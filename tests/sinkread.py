@@ -1,26 +1,31 @@
-"""Reading the sinks back the way users do: DuckDB over the committed-files glob."""
+"""Reading the sinks back the way users do: DuckDB over the files the Delta log lists now."""
 
 from __future__ import annotations
 
 import duckdb
 
-from pipeline import store
+from pipeline.sinks import sink_files
 
 
 def has_files(data_dir, sink: str) -> bool:
-    return any(store.sink_dir(data_dir, sink).glob("*/*.parquet"))
+    return bool(sink_files(data_dir, sink))
+
+
+def relation(data_dir, sink: str) -> str:
+    """``read_parquet([...])`` over the sink's current files (call only if it has some)."""
+    return "read_parquet([" + ", ".join(f"'{path}'" for path in sink_files(data_dir, sink)) + "])"
 
 
 def count(data_dir, sink: str) -> int:
     if not has_files(data_dir, sink):
         return 0
-    return duckdb.sql(f"select count(*) from read_parquet('{store.sink_glob(data_dir, sink)}')").fetchall()[0][0]
+    return duckdb.sql(f"select count(*) from {relation(data_dir, sink)}").fetchall()[0][0]
 
 
 def rows(data_dir, sink: str, columns: str = "*") -> list[dict]:
     if not has_files(data_dir, sink):
         return []
-    rel = duckdb.sql(f"select {columns} from read_parquet('{store.sink_glob(data_dir, sink)}')")
+    rel = duckdb.sql(f"select {columns} from {relation(data_dir, sink)}")
     return [dict(zip(rel.columns, r)) for r in rel.fetchall()]
 
 

@@ -170,9 +170,9 @@ def test_unwritable_sink_path_stops_the_job_naming_the_path(settings_factory):
     data_dir = settings.data_dir
     load_state(settings)
     publish(settings.service_url, settings.topics["orders"], keyed("orders", [order(1, 1, 1)]))
-    blocked = store.staging_dir(data_dir, "enriched")
+    blocked = store.sink_dir(data_dir, "enriched")
     blocked.parent.mkdir(parents=True)
-    blocked.write_text("a file where the staging folder should be")
+    blocked.write_text("a file where the sink's table should be")
     with pytest.raises(SinkError, match="enriched") as caught:
         run_forever(settings)
     assert str(blocked) in str(caught.value)

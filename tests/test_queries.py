@@ -9,13 +9,13 @@ import math
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from app import console_math, metric_queries, queries, sources
 from app_fixtures import (ENRICHED_SCHEMA, MISSING_SCHEMA, empty_data_dir, fixture_data,  # noqa: F401 - fixtures
                           read_metrics, read_sink)
 from pipeline import store
+from pipeline.sinks import DeltaSinks
 
 
 @pytest.fixture(scope="module")
@@ -110,9 +110,8 @@ def test_latency_percentiles_on_known_latencies(connection, tmp_path):
         enriched_at=pa.array(np.full(100, (base + 1000) * 1000)).cast(pa.timestamp("us", tz="UTC")),
         invoice_id=pa.array(np.arange(100), pa.int64()),
     )
-    folder = store.sink_dir(tmp_path, "enriched") / store.batch_folder(0)
-    folder.mkdir(parents=True)
-    pq.write_table(pa.table(columns, schema=ENRICHED_SCHEMA), folder / "part-00000.parquet")
+    DeltaSinks({"enriched": store.sink_dir(tmp_path, "enriched")}).commit_batch(
+        {"enriched": pa.table(columns, schema=ENRICHED_SCHEMA)}, 0)
     latency = queries.load_latency(connection, tmp_path, window_end_ms=base + 1000, window_s=60, bucket_s=10)
     window, bucket = latency.iloc[0], latency.iloc[1]
     assert latency["scope"].tolist() == ["window", "bucket"] and pd.isna(window["bucket_start"])
@@ -147,9 +146,7 @@ def test_counts_are_exact_when_a_file_straddles_bucket_and_window_edges(connecti
             columns[queries.SINK_TIME[sink]] = pa.array(times * 1000).cast(pa.timestamp("us", tz="UTC"))
             if sink == "missing_state":
                 columns["reason"] = pa.array(reasons[rng.integers(0, 3 if batch else 4, len(times))])
-            folder = store.sink_dir(tmp_path, sink) / store.batch_folder(batch)
-            folder.mkdir(parents=True)
-            pq.write_table(pa.table(columns, schema=schema), folder / "part-00000.parquet")
+            DeltaSinks({sink: store.sink_dir(tmp_path, sink)}).commit_batch({sink: pa.table(columns, schema=schema)}, batch)
     enriched, missing = read_sink(tmp_path, "enriched"), read_sink(tmp_path, "missing_state")
 
     totals = queries.load_sink_totals(connection, tmp_path, end).set_index("sink")

@@ -2,7 +2,7 @@
 when the savepoint is older than the orders topic keeps messages (issue 13, items 3, 4 and 10).
 
 The checkpoints here are files laid out as Spark lays them out, and the sink batches are
-staged and published by the real :class:`SinkWriter`; no Spark is needed to restore."""
+committed to Delta tables by the real :class:`SinkWriter`; no Spark is needed to restore."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from pipeline.config import load_settings
 from pipeline.metrics import read_events
 from pipeline.sinks import SCHEMAS, SinkWriter, last_committed_batch
 from forkkill import FILE_STEPS, killed_at_step
+import sinkread
 
 TAKEN_AT = "2026-11-22T09:00:00.000Z"
 TAKEN_MS = 1795338000000  # TAKEN_AT in epoch ms
@@ -52,12 +53,10 @@ def dead_letters(batch_id: int) -> dict[str, pa.Table]:
 
 
 def published(data_dir: Path) -> list[int]:
-    root = store.sink_dir(data_dir, "dead_letter")
-    return sorted(int(p.name.split("=")[1]) for p in root.glob("batch=*")) if root.exists() else []
-
-
-def staged(data_dir: Path) -> list[int]:
-    return SinkWriter(data_dir).staged_batches()["dead_letter"]
+    """The batches the dead-letter table holds now, each row once (the table's current files)."""
+    rows = sinkread.rows(data_dir, "dead_letter", "batch_id, source_message_id")
+    assert len(rows) == len({row["source_message_id"] for row in rows}), "a batch is in the table twice"
+    return sorted(row["batch_id"] for row in rows)
 
 
 def write_savepoint(data_dir: Path, name: str, batches: int, taken_at: str = TAKEN_AT) -> None:
@@ -69,18 +68,15 @@ def write_savepoint(data_dir: Path, name: str, batches: int, taken_at: str = TAK
 
 @pytest.fixture
 def crashed_job(tmp_path):
-    """A data dir as ``kill -9`` left it: batches 0-5 committed, 0-1 published, 2-5 committed but
-    still staged (the crash hit before the listener published them), 6 staged, never committed;
-    and a savepoint at batch 3."""
+    """A data dir as ``kill -9`` left it: batches 0-5 committed by Spark, 0-6 in the sinks (the
+    crash hit after batch 6's sink commit, before Spark's); and a savepoint at batch 3."""
     data_dir = tmp_path / "data"
     write_checkpoint(store.checkpoint_dir(data_dir), 6, "old")
     writer = SinkWriter(data_dir)
     for batch in range(7):
-        writer.stage_batch(dead_letters(batch), batch)
-        if batch < 2:
-            writer.publish_committed(batch)
+        writer.commit_batch(dead_letters(batch), batch)
     write_savepoint(data_dir, "at3", 4)
-    assert (published(data_dir), staged(data_dir)) == ([0, 1], [2, 3, 4, 5, 6])
+    assert published(data_dir) == [0, 1, 2, 3, 4, 5, 6]
     return data_dir
 
 
@@ -89,19 +85,57 @@ def test_restore_keeps_the_batches_the_savepoint_counts_as_committed(crashed_job
     assert info.batch_id == 3
     checkpoint = store.checkpoint_dir(crashed_job)
     assert last_committed_batch(checkpoint) == 3 and json.loads((checkpoint / "metadata").read_text()) == {"id": "savepoint-at3"}
-    # 2 and 3 are committed in the savepoint: the job will never redo them, so they must stay.
+    # 0-3 are committed in the savepoint: the job will never redo them, so they must stay.
+    # 4, 5 (committed only by the old checkpoint) and 6 (never committed) are redone: taken back.
     assert published(crashed_job) == [0, 1, 2, 3]
-    # 4, 5 (committed only by the old checkpoint) and 6 (never committed) are redone: dropped.
-    assert staged(crashed_job) == []
+    assert SinkWriter(crashed_job).committed_batches()["dead_letter"] == 3
     assert not store.restore_journal_path(crashed_job).exists()
     assert not (crashed_job / ".checkpoint.restoring").exists()
 
 
 def test_restore_to_an_earlier_batch_drops_published_batches_after_it(crashed_job):
-    SinkWriter(crashed_job).publish_committed(5)
     write_savepoint(crashed_job, "at1", 2)
     control.restore_savepoint(make_settings(crashed_job), "at1")
-    assert published(crashed_job) == [0, 1] and staged(crashed_job) == [] and last_committed_batch(store.checkpoint_dir(crashed_job)) == 1
+    assert published(crashed_job) == [0, 1] and last_committed_batch(store.checkpoint_dir(crashed_job)) == 1
+
+
+def sink_rows(data_dir: Path) -> list[tuple[int, str]]:
+    return sorted((row["batch_id"], row["source_message_id"])
+                  for row in sinkread.rows(data_dir, "dead_letter", "batch_id, source_message_id"))
+
+
+def test_restore_to_an_older_then_a_newer_savepoint_row_for_row(crashed_job):
+    """Back to batch 1; the job redoes 2-6 with other rows (their transaction version went back
+    too, so they commit, once); compaction; then forward to a savepoint at batch 5 of the new
+    history: each time the table holds exactly the rows it should, once."""
+    settings = make_settings(crashed_job)
+    write_savepoint(crashed_job, "at1", 2)
+    control.restore_savepoint(settings, "at1")
+    assert sink_rows(crashed_job) == [(0, "m0"), (1, "m1")]
+    writer = SinkWriter(crashed_job)
+    for batch in range(2, 7):
+        redo = dead_letters(batch)["dead_letter"]
+        redo = redo.set_column(2, "source_message_id", pa.array([f"again{batch}"]))
+        assert writer.commit_batch({"dead_letter": redo}, batch)["dead_letter"] == 1
+        assert writer.commit_batch({"dead_letter": redo}, batch)["dead_letter"] == 0  # a re-run commits nothing twice
+    write_checkpoint(store.checkpoint_dir(crashed_job), 6, "again")
+    assert control.take_savepoint(settings, "again5").batch_id == 5
+    writer.maintain(compact=True)
+    control.restore_savepoint(settings, "again5")
+    assert sink_rows(crashed_job) == [(0, "m0"), (1, "m1")] + [(b, f"again{b}") for b in range(2, 6)]
+    assert writer.commit_batch({"dead_letter": redo}, 6)["dead_letter"] == 1  # batch 6 again, once
+
+
+def test_restore_refuses_a_savepoint_older_than_what_vacuum_kept(crashed_job):
+    settings = make_settings(crashed_job)
+    writer = SinkWriter(crashed_job)
+    writer.maintain(compact=True, retention_s=0)  # the per-batch files of batches 0-6 are gone
+    with pytest.raises(control.ControlError) as refused:
+        control.restore_savepoint(settings, "at3")
+    message = str(refused.value)
+    assert "'at3' (batch 3) is older than what the sinks' vacuum kept" in message and "\n" not in message
+    assert last_committed_batch(store.checkpoint_dir(crashed_job)) == 5  # nothing changed
+    assert published(crashed_job) == [0, 1, 2, 3, 4, 5, 6]
 
 
 # ------------------------------------------------------------------ kill -9 at every step
@@ -124,9 +158,7 @@ def test_kill_9_at_any_step_of_a_restore_leaves_the_old_or_the_new_checkpoint(tm
     write_checkpoint(store.checkpoint_dir(template), 6, "old")
     writer = SinkWriter(template)
     for batch in range(7):
-        writer.stage_batch(dead_letters(batch), batch)
-        if batch < 2:
-            writer.publish_committed(batch)
+        writer.commit_batch(dead_letters(batch), batch)
     write_savepoint(template, "at3", 4)
     old = snapshot(store.checkpoint_dir(template))
     new = snapshot(store.savepoints_dir(template) / "at3" / "checkpoint")
@@ -145,11 +177,11 @@ def test_kill_9_at_any_step_of_a_restore_leaves_the_old_or_the_new_checkpoint(tm
         assert state in (old, new), f"killed at step {step}: neither checkpoint after recovery"
         if state == new:
             outcomes["new"] += 1
-            assert published(data_dir) == [0, 1, 2, 3] and staged(data_dir) == [], f"step {step}"
+            assert published(data_dir) == [0, 1, 2, 3], f"step {step}"
         else:
             outcomes["old"] += 1
-            # the old checkpoint: every batch it committed is still published or staged to publish
-            assert sorted(published(data_dir) + [b for b in staged(data_dir) if b <= 5]) == [0, 1, 2, 3, 4, 5], f"step {step}"
+            # the old checkpoint: every batch it committed is still in the sinks
+            assert published(data_dir) == [0, 1, 2, 3, 4, 5, 6], f"step {step}"
         assert not store.restore_journal_path(data_dir).exists()
         assert sorted(p.name for p in data_dir.iterdir() if p.name.startswith(".checkpoint")) == []
         if not killed:
@@ -168,7 +200,7 @@ def test_restore_refuses_while_the_job_lock_is_held(crashed_job):
         with pytest.raises(control.ControlError, match="a job already runs on data dir"):
             control.restore_savepoint(settings, "at3")
     assert not control.job_is_running(settings)
-    assert published(crashed_job) == [0, 1]  # nothing was touched
+    assert published(crashed_job) == [0, 1, 2, 3, 4, 5, 6]  # nothing was touched
 
 
 # ---------------------------------------------------------------------------- retention

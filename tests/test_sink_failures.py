@@ -1,5 +1,5 @@
-"""A committed batch that cannot be published stops the job with the path in one line, and
-nothing is lost: once the path is fixed, the next run publishes it (issue 13, items 5 and 6)."""
+"""A batch that cannot be committed to a sink stops the job with the path in one line, and
+nothing is lost: once the path is fixed, the next run commits it (issue 13, items 5 and 6)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def error_lines(log_path) -> list[str]:
     return [line for line in log_path.read_text(errors="replace").splitlines() if line.startswith("error: ")]
 
 
-def test_a_publish_failure_stops_the_job_and_a_second_job_is_refused(settings_factory, tmp_path):
+def test_a_sink_failure_stops_the_job_and_a_second_job_is_refused(settings_factory, tmp_path):
     import subprocess
     import sys
 
@@ -28,22 +28,22 @@ def test_a_publish_failure_stops_the_job_and_a_second_job_is_refused(settings_fa
     publish(url, topics["users"], keyed("users", [user(u) for u in range(1, 11)]))
     publish(url, topics["items"], keyed("items", [item(i) for i in range(1, 6)]))
     publish(url, topics["orders"], keyed("orders", [order(n, n % 10 + 1, n % 5 + 1) for n in range(ORDERS)]))
-    # A regular file where the enriched sink's folder belongs: staging works, publishing cannot.
+    # A regular file where the enriched sink's table belongs: no batch can commit to it.
     blocked = store.sink_dir(data_dir, "enriched")
     blocked.parent.mkdir(parents=True)
     blocked.write_text("in the way")
 
     first_log = tmp_path / "first.log"
     job = JobProcess(settings, first_log)
-    wait_for(lambda: job.proc.poll() is not None, timeout=300, what="the job to stop on the publish failure")
+    wait_for(lambda: job.proc.poll() is not None, timeout=300, what="the job to stop on the sink failure")
     assert job.stop() == 2
     line, = error_lines(first_log)
-    assert re.fullmatch(rf"error: cannot publish '{re.escape(str(store.staging_dir(data_dir, 'enriched')))}/batch=\d+' "
-                        rf"to '{re.escape(str(blocked))}/batch=\d+': File exists", line), line
+    assert re.fullmatch(rf"error: cannot write sink 'enriched' batch \d+ under '{re.escape(str(blocked))}': "
+                        r"File exists", line), line
     failed = read_events(data_dir, ("job_failed",))
-    assert failed and "cannot publish" in failed[-1]["details"]["error"]
+    assert failed and "cannot write sink" in failed[-1]["details"]["error"]
 
-    # Fix the path: the next run publishes the staged batch it left; nothing lost, nothing doubled.
+    # Fix the path: the next run commits the batch Spark never committed; nothing lost, nothing doubled.
     blocked.unlink()
     job = JobProcess(settings, tmp_path / "second.log")
     try:
