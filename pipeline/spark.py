@@ -30,6 +30,9 @@ STATE_STORE_CONF = {
     "spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB": "384",
     "spark.sql.streaming.stateStore.stateSchemaCheck": "true",
 }
+# With a shared secret (a cluster): RPC and block transfers (shuffles carry names and emails)
+# are encrypted with keys derived from it. The master and worker get the same in compose.
+SECURE_RPC_CONF = {"spark.network.crypto.enabled": "true"}
 CHECKPOINT_FILE_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 
 
@@ -77,6 +80,8 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
         .config("spark.sql.streaming.minBatchesToRetain", "20")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.ui.showConsoleProgress", "false")
+        # No kill buttons on the driver's UI: its viewers need no power over the job's stages.
+        .config("spark.ui.killEnabled", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.python.worker.reuse", "true")
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "true")
@@ -100,6 +105,8 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
         # Spark RPC authentication between this driver, the master, the workers and the executors,
         # which share the secret (docker-compose.yaml); Spark redacts it in its UI and logs.
         builder = builder.config("spark.authenticate", "true")
+        for key, value in SECURE_RPC_CONF.items():
+            builder = builder.config(key, value)
         start_jvm(builder)
         # Set after the JVM started, so it goes to the JVM over py4j and never on the JVM's
         # command line (any local user reads those in /proc). A standalone driver needs it in its
