@@ -20,8 +20,9 @@ from pipeline.sinks import last_committed_batch
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_cli(*args: str, data_dir=None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SS_")}
+def run_cli(*args: str, data_dir=None, **settings: str) -> subprocess.CompletedProcess:
+    """``python -m pipeline …``; ``settings`` are SS_* variables (secrets go by environment)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SS_")} | settings
     if data_dir is not None:
         env["SS_PATHS_DATA_DIR"] = str(data_dir)
     return subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True, text=True, env=env,
@@ -206,7 +207,14 @@ def test_app_refuses_a_port_that_is_taken(tmp_path):
 
 
 def test_app_refuses_a_short_admin_token(tmp_path):
-    out = run_cli("--set", "app.admin_token=short-token", "app", data_dir=tmp_path)
+    out = run_cli("app", data_dir=tmp_path, SS_APP_ADMIN_TOKEN="short-token")
     line = one_error_line(out)
     assert "setting 'app.admin_token' has 11 characters; use at least 16" in line
     assert "short-token" not in out.stderr + out.stdout
+
+
+def test_a_secret_on_the_command_line_is_refused_without_echoing_it(tmp_path):
+    out = run_cli("--set", "app.admin_token=a-long-enough-secret-token", "app", data_dir=tmp_path)
+    line = one_error_line(out)
+    assert "would put a secret on the command line" in line and "export SS_APP_ADMIN_TOKEN instead" in line
+    assert "a-long-enough-secret-token" not in out.stderr + out.stdout
