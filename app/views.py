@@ -219,9 +219,21 @@ def check_admin_token(settings: Settings, typed_token: str | None) -> str | None
 
 
 def personal_fields_hidden(settings: Settings) -> bool:
-    """Off loopback (``app.address``), names, emails and raw payloads are masked until this
-    browser session has given the admin token (:func:`render_personal_unlock`)."""
-    return not is_loopback(settings["app.address"]) and not st.session_state.get("personal_unlocked")
+    """Off loopback (``app.address``, or the address Streamlit really serves on, as app/main.py
+    checks it), names, emails and raw payloads are masked until this browser session has given
+    the admin token (:func:`render_personal_unlock`)."""
+    if st.session_state.get("personal_unlocked"):
+        return False
+    return not is_loopback(settings["app.address"]) or not is_loopback(_served_address())
+
+
+def _served_address() -> str | None:
+    """The address Streamlit serves on; loopback under AppTest, whose runtime serves nothing."""
+    from streamlit.runtime import Runtime
+
+    if not Runtime.exists() or type(Runtime.instance()) is not Runtime:
+        return "127.0.0.1"
+    return st.get_option("server.address")
 
 
 def mask_personal(frame: pd.DataFrame, settings: Settings | None = None) -> pd.DataFrame:

@@ -19,6 +19,7 @@ from pipeline.enrich.lookups import ITEMS, USERS
 from pipeline.state import inspect_key
 from pipeline.job import check_checkpoint_layout
 from pipeline.metrics import read_rows
+from pipeline.state_service import service_for
 from factories import item, keyed, order, publish, user
 from jobproc import JobThread
 from waiting import wait_for
@@ -81,10 +82,18 @@ def test_state_shows_the_newest_version_and_nothing_after_a_tombstone(loaded, sp
     assert updated.latest["user_first_name"] == "Newest3" and updated.waiting == []
     assert inspect_key(spark, checkpoint, USERS, 5).latest is None
     assert inspect_key(spark, checkpoint, ITEMS, 4).latest["item_price"] == item(4)["price"]
-    # The command, as the console runs it while the job runs (a process with a Spark session of its own).
-    held_user, held_item = control.inspect_state(settings, [("users", 3), ("items", 4)])
-    assert held_user["latest"]["user_first_name"] == "Newest3" and held_user["key"] == 3
-    assert held_item["latest"]["item_price"] == item(4)["price"]
+    # As the console asks while the job runs: its one look-up worker (a process with a Spark session of its own).
+    service = service_for(settings)
+    try:
+        held_user, held_item = control.inspect_state(settings, [("users", 3), ("items", 4)], client="10.0.0.5")
+        assert held_user["latest"]["user_first_name"] == "Newest3" and held_user["key"] == 3
+        assert held_item["latest"]["item_price"] == item(4)["price"]
+        worker = service.pid
+        (deleted,) = control.inspect_state(settings, [("users", 5)], client="10.0.0.6")
+        assert deleted["latest"] is None
+        assert service.pid == worker and service.starts == 1  # the second look-up started no JVM
+    finally:
+        service.close()
 
 
 def test_state_lists_the_orders_waiting_for_a_key(loaded, spark):
