@@ -111,10 +111,6 @@ class RedrivePlan:
 
 def find_missing(settings: Settings, invoice_ids=None, user_id=None, item_id=None, reason=None) -> list[dict]:
     """Missing-state rows matching the selector (all of its given parts), oldest first."""
-    import duckdb
-
-    if not _has_rows(settings, "missing_state"):
-        return []
     where, params = [], []
     if invoice_ids:
         where.append(f"invoice_id IN ({', '.join('?' for _ in invoice_ids)})")
@@ -123,30 +119,42 @@ def find_missing(settings: Settings, invoice_ids=None, user_id=None, item_id=Non
         if value is not None:
             where.append(f"{column} = ?")
             params.append(value)
-    sql = (f"SELECT * FROM read_parquet(?) WHERE {' AND '.join(where) or 'TRUE'} ORDER BY detected_at")
-    with duckdb.connect() as con:
-        rel = con.execute(sql, [store.sink_glob(settings.data_dir, "missing_state"), *params])
-        columns = [d[0] for d in rel.description]
-        return [dict(zip(columns, row)) for row in rel.fetchall()]
+    return _read_sink(settings, "missing_state", f"SELECT * FROM read_parquet(?) WHERE {' AND '.join(where) or 'TRUE'} "
+                      "ORDER BY detected_at", params)
 
 
-def _has_rows(settings: Settings, sink: str) -> bool:
-    folder = store.sink_dir(settings.data_dir, sink)
-    return folder.exists() and next(folder.rglob("*.parquet"), None) is not None
+def _read_sink(settings: Settings, sink: str, sql: str, params: list) -> list[dict]:
+    """``sql`` (its first ``?`` the sink's files) over the files of the sink's table now, as dicts.
+
+    The Delta log's list, not a glob: compacted files stay on disk until vacuum. A vacuum may
+    remove a listed file a moment later, so a read that finds one gone lists them again."""
+    import duckdb
+
+    from pipeline.sinks import sink_files
+
+    for attempt in range(5):
+        files = sink_files(settings.data_dir, sink)
+        if not files:
+            return []
+        try:
+            with duckdb.connect() as con:
+                rel = con.execute(sql, [files, *params])
+                columns = [d[0] for d in rel.description]
+                return [dict(zip(columns, row)) for row in rel.fetchall()]
+        except duckdb.IOException:
+            if attempt == 4:
+                raise
+    return []
 
 
 def _redriven(settings: Settings, message_ids: list[str]) -> set[str]:
     """Which of ``message_ids`` were re-driven already: a sink row's ``redrive_of`` points at it,
     or an earlier re-drive event republished it (the job may not have read that message yet)."""
-    import duckdb
-
     found = set()
-    with duckdb.connect() as con:
-        for sink in ("missing_state", "enriched"):
-            if _has_rows(settings, sink):
-                found |= {row[0] for row in con.execute(
-                    "SELECT DISTINCT redrive_of FROM read_parquet(?) WHERE list_contains(?, redrive_of)",
-                    [store.sink_glob(settings.data_dir, sink), message_ids]).fetchall()}
+    for sink in ("missing_state", "enriched"):
+        found |= {row["redrive_of"] for row in _read_sink(
+            settings, sink, "SELECT DISTINCT redrive_of FROM read_parquet(?) WHERE list_contains(?, redrive_of)",
+            [message_ids])}
     for event in read_rows(settings.data_dir, "events"):
         if event.get("kind") == "redrive":
             found |= set(event.get("details", {}).get("message_ids") or []) & set(message_ids)
@@ -155,13 +163,9 @@ def _redriven(settings: Settings, message_ids: list[str]) -> set[str]:
 
 def _enriched_orders(settings: Settings, invoice_ids: list[int]) -> set[tuple[int, int]]:
     """The (invoice id, line item id) of ``invoice_ids`` that have an enriched row."""
-    import duckdb
-
-    if not _has_rows(settings, "enriched"):
-        return set()
-    with duckdb.connect() as con:
-        return set(con.execute("SELECT DISTINCT invoice_id, line_item_id FROM read_parquet(?) WHERE list_contains(?, invoice_id)",
-                               [store.sink_glob(settings.data_dir, "enriched"), invoice_ids]).fetchall())
+    return {(row["invoice_id"], row["line_item_id"]) for row in _read_sink(
+        settings, "enriched", "SELECT DISTINCT invoice_id, line_item_id FROM read_parquet(?) WHERE list_contains(?, invoice_id)",
+        [invoice_ids])}
 
 
 def plan_redrive(settings: Settings, invoice_ids: list[int] | None = None, user_id: int | None = None,

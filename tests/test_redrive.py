@@ -7,11 +7,10 @@ from __future__ import annotations
 import json
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from app_fixtures import ENRICHED_SCHEMA, MISSING_SCHEMA
-from pipeline import control, store
+from pipeline import control, sinks, store
 from pipeline.config import load_settings
 from pipeline.enrich import rules
 from pipeline.enrich.lookups import MISSING_REASONS
@@ -48,12 +47,12 @@ def world(tmp_path, monkeypatch):
     batches = {"missing_state": 0, "enriched": 0}
 
     def write(sink: str, rows: list[dict]) -> None:
+        """One committed batch of the sink's Delta table, as the job writes it."""
         schema = MISSING_SCHEMA if sink == "missing_state" else ENRICHED_SCHEMA
-        folder = store.sink_dir(settings.data_dir, sink) / f"batch={batches[sink]:012d}"
-        folder.mkdir(parents=True)
-        batches[sink] += 1
         columns = {name: [row.get(name) for row in rows] for name in schema.names}
-        pq.write_table(pa.table(columns, schema=schema), folder / "part-0.parquet")
+        sinks.DeltaSinks({sink: store.sink_dir(settings.data_dir, sink)}).commit_batch(
+            {sink: pa.table(columns, schema=schema)}, batches[sink])
+        batches[sink] += 1
 
     return settings, write, client
 
