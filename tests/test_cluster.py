@@ -93,6 +93,13 @@ def _pids_of(pgids: set[int]) -> list[int]:
     return pids
 
 
+def _cmdline_has(proc: Path, needle: bytes) -> bool:
+    try:
+        return needle in (proc / "cmdline").read_bytes()
+    except OSError:  # gone meanwhile
+        return False
+
+
 class StandaloneCluster:
     """A Spark master and one worker on 127.0.0.1, each in its own process group."""
 
@@ -103,12 +110,14 @@ class StandaloneCluster:
         base = {k: v for k, v in os.environ.items() if not k.startswith(("SS_", "SPARK_", "PYSPARK_"))}
         # Spark daemons take the secret from _SPARK_AUTH_SECRET, as compose gives it to them
         base |= {"SPARK_HOME": SPARK_HOME, "SPARK_LOCAL_IP": "127.0.0.1", "_SPARK_AUTH_SECRET": secret, "SPARK_LOG_DIR": str(work / "logs")}
-        # Spark 4 turns the REST submission server (port 6066) on by default; it takes no RPC secret
-        self._start("master", base | {"SPARK_MASTER_OPTS": "-Dspark.authenticate=true -Dspark.master.rest.enabled=false"},
+        # Spark 4 turns the REST submission server (port 6066) on by default; it takes no RPC secret.
+        # RPC encrypted and no kill buttons, as in compose (the driver's side: pipeline/spark.py).
+        secure = "-Dspark.authenticate=true -Dspark.network.crypto.enabled=true -Dspark.ui.killEnabled=false"
+        self._start("master", base | {"SPARK_MASTER_OPTS": f"{secure} -Dspark.master.rest.enabled=false"},
                     "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(self.port),
                     "--webui-port", str(self.ui_port))
         # executors run our Python: the same interpreter and code as the driver
-        worker_env = base | {"SPARK_WORKER_OPTS": "-Dspark.authenticate=true", "PYSPARK_PYTHON": sys.executable,
+        worker_env = base | {"SPARK_WORKER_OPTS": secure, "PYSPARK_PYTHON": sys.executable,
                              "PYTHONPATH": str(ROOT)}
         self._start("worker", worker_env, "org.apache.spark.deploy.worker.Worker", self.url, "--host", "127.0.0.1",
                     "--port", str(_free_port()), "--webui-port", str(_free_port()), "--cores", "2", "--memory", "2g",
@@ -182,6 +191,10 @@ def test_the_job_on_a_standalone_cluster_writes_every_order_exactly_once(cluster
         assert listening and all(address.startswith(("127.0.0.1:", "[::ffff:127.0.0.1]:")) for address in listening), listening
         for daemon in ("master", "worker"):
             assert "SecurityManager: authentication enabled" in (cluster.work / f"{daemon}.log").read_text(), daemon
+        # on no command line: not the driver JVM's (pipeline/spark.py hands it over py4j), not an executor's
+        needle = cluster.secret.encode()
+        leaks = [pid for pid in Path("/proc").iterdir() if pid.name.isdigit() and _cmdline_has(pid, needle)]
+        assert not leaks, f"the Spark secret is on the command line of {leaks}"
     finally:
         _end_group(job)
     enriched, missing = invoices(data_dir, "enriched"), invoices(data_dir, "missing_state")
