@@ -101,7 +101,7 @@ def test_redrive_enriches_once_state_exists(settings_factory):
     try:
         wait_for(lambda: count(data_dir, "missing_state") >= 4, timeout=180, what="missing orders")
         publish(url, settings.topics["users"], keyed("users", [user(77)]))
-        assert control.redrive(settings, user_id=77, requested_by="test") == 4
+        assert control.redrive(settings, user_id=77, requested_by="test").count == 4
         wait_for(lambda: count(data_dir, "enriched") >= 4, timeout=120, what="re-driven orders")
     finally:
         job.close()
