@@ -3,7 +3,8 @@
 Plain ``(connection, data_dir, …) -> DataFrame`` functions (and a list of pipelines). A
 pipeline's folder is ``<data_dir>/sql/<name>/`` (pipeline/store.py); its ``result`` sink holds
 one change row per key and batch (pipeline/sql/sink.py), so the current result is the latest
-row per ``_key`` when that row is an upsert. The sinks' globs match committed files only.
+row per ``_key`` when that row is an upsert. The sinks are Delta tables: their current files
+come from the Delta log (:func:`pipeline.sinks.table_files`), never from a glob.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline import store
+from pipeline.sinks import table_files
 
 
 def list_pipelines(data_dir: Path) -> list[dict]:
@@ -28,9 +30,10 @@ def list_pipelines(data_dir: Path) -> list[dict]:
     return found
 
 
-def _glob(data_dir: Path, name: str, sink: str) -> str | None:
-    folder = store.sql_dir(data_dir, name) / "sinks" / sink
-    return str(folder / "**" / "*.parquet") if any(folder.glob("batch=*/*.parquet")) else None
+def _glob(data_dir: Path, name: str, sink: str) -> list[str] | None:
+    """The current files of one of the pipeline's Delta tables (DuckDB's ``read_parquet`` takes
+    the list), or None if it has none."""
+    return table_files(store.sql_dir(data_dir, name) / "sinks" / sink) or None
 
 
 def current_result(con, data_dir: Path, name: str, columns: list[str] | None = None) -> pd.DataFrame:

@@ -1,12 +1,11 @@
 """Console page timings on a big data dir: is every page under 1.5 s with 5M enriched orders?
 
-Writes a realistic data dir (default 5M enriched orders in 2,000 micro-batch folders, plus
-the missing-state and dead-letter sinks, the sink manifest the job appends as it publishes,
-and the metrics store) with the test fixture factory, then renders every page with
+Writes a realistic data dir (default 5M enriched orders in 2,000 micro-batch commits of the
+sinks' Delta tables, plus the missing-state and dead-letter sinks and the metrics store) with the test fixture factory, then renders every page with
 Streamlit's AppTest and times it three ways:
 
 - **cold**: a fresh process state — new DuckDB connection, empty query cache, no sink catalog
-  (so the catalog lists every file and reads the whole manifest again);
+  (so the catalog reads every file's statistics from the Delta log again);
 - **warm**: the query cache emptied but the DuckDB connection kept, which is what a viewer
   waits for on every refresh once the 2 s cache has expired;
 - **cached**: an immediate rerun, served from the query cache.
@@ -42,6 +41,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 from app.catalog import forget_catalogs  # noqa: E402
 from app_fixtures import write_data_dir  # noqa: E402
 from pipeline import store  # noqa: E402
+from pipeline.sinks import committed_batch, open_table, sink_files  # noqa: E402
 
 PAGES = ("live_enrichment.py", "missing_state.py", "data_skew.py", "backpressure.py", "checkpoints.py", "replay.py")
 LIMIT_S = 1.5
@@ -58,20 +58,20 @@ def generate(data_dir: Path, orders: int) -> dict:
 
 
 def describe(data_dir: Path) -> dict:
-    """Rows per sink, batch folders, Parquet files and bytes of a data dir."""
+    """Rows per sink, batches, the tables' current Parquet files and bytes of a data dir."""
     with duckdb.connect() as connection:
         rows = {f"{sink}_rows": connection.execute(
-                    f"SELECT count(*) FROM read_parquet('{store.sink_glob(data_dir, sink)}')").fetchone()[0]
+                    "SELECT count(*) FROM read_parquet($files)", {"files": sink_files(data_dir, sink)}).fetchone()[0]
                 for sink in store.SINKS}
-    manifest = store.sink_manifest_path(data_dir)
-    return {**rows, "batches": len(list(store.sink_dir(data_dir, "enriched").glob("batch=*"))),
-            "parquet_files": sum(1 for _ in store.sinks_dir(data_dir).rglob("*.parquet")),
-            "manifest_lines": len(manifest.read_bytes().splitlines()) if manifest.is_file() else 0,
+    table = open_table(store.sink_dir(data_dir, "enriched"))
+    return {**rows, "batches": committed_batch(table) + 1,
+            "parquet_files": sum(len(sink_files(data_dir, sink)) for sink in store.SINKS),
             "bytes": sum(path.stat().st_size for path in data_dir.rglob("*") if path.is_file())}
 
 
 def time_baseline(data_dir: Path, repeats: int) -> dict:
-    sql = f"SELECT count(*), max(enriched_at) FROM read_parquet('{store.sink_glob(data_dir, 'enriched')}')"
+    files = "[" + ", ".join(f"'{path}'" for path in sink_files(data_dir, "enriched")) + "]"
+    sql = f"SELECT count(*), max(enriched_at) FROM read_parquet({files})"
     timings = []
     for _ in range(repeats):
         started = time.perf_counter()
@@ -140,10 +140,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if store.sinks_dir(data_dir).exists():
             generated = {**describe(data_dir), "reused": str(data_dir)}
-            if generated["manifest_lines"] < generated["parquet_files"]:
-                print(f"note: {data_dir} has {generated['manifest_lines']} manifest lines for "
-                      f"{generated['parquet_files']} files (an older fixture?); the console reads the rest "
-                      "itself. Remove the data dir to measure what the job writes today.", flush=True)
         else:
             print(f"generating ~{args.orders:,} enriched orders in {data_dir} …", flush=True)
             generated = generate(data_dir, args.orders)

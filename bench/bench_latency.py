@@ -5,11 +5,10 @@ as a process (``python -m pipeline run``, local[2], default settings) and loads 
 each rate in turn, orders are published at that steady rate for ``--seconds`` with
 ``pipeline.producers.publish_records`` (its token bucket), and:
 
-- a **watcher** thread polls ``sinks/enriched`` and ``sinks/missing_state`` every 20 ms and
-  records when each ``batch=<id>`` folder first appears: the moment a DuckDB glob reader can
-  see its rows (the rename that commits it; the folder's own mtime is its staging time, not
-  that). An order's latency is that moment minus its ``published_at`` (the producer's publish
-  timestamp, on the same clock);
+- a **watcher** thread polls the Delta tables ``sinks/enriched`` and ``sinks/missing_state``
+  every 20 ms and records when each batch's rows first appear in the table's current files: the
+  moment a reader of the Delta log can see them (the batch's commit). An order's latency is that
+  moment minus its ``published_at`` (the producer's publish timestamp, on the same clock);
 - the **baseline**, measured at the same time on the same topic, is a plain pulsar-client
   reader: publish to receive, with no Spark. The trigger interval (1 s) is the job's floor.
 
@@ -84,25 +83,27 @@ class SinkWatcher:
         self.thread.start()
 
     def _run(self) -> None:
+        import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
+        from pipeline.sinks import sink_files
+
+        read: set[str] = set()  # files already looked at (a compacted file holds batches seen before)
         while not self.stop.is_set():
             for sink in ORDER_SINKS:
-                folder = store.sink_dir(self.data_dir, sink)
-                try:
-                    names = [n for n in os.listdir(folder) if n.startswith("batch=")]
-                except FileNotFoundError:
-                    continue
-                for name in names:
-                    batch_id = int(name.split("=", 1)[1])
-                    if (sink, batch_id) in self.batches:
+                for path in sink_files(self.data_dir, sink):
+                    if path in read:
                         continue
+                    read.add(path)
                     seen_ms = time.time() * 1000
-                    # {"published_at": 1700000000000} per row
-                    table = pq.read_table(folder / name, columns=["published_at", "line_item_id"])
-                    published = table["published_at"].cast("int64").to_pylist()
-                    self.line_items.update(table["line_item_id"].to_pylist())
-                    self.batches[(sink, batch_id)] = (seen_ms, published)
+                    # {"published_at": 1700000000000, "batch_id": 42} per row
+                    table = pq.read_table(path, columns=["published_at", "line_item_id", "batch_id"])
+                    for batch_id in pc.unique(table["batch_id"]).to_pylist():
+                        if (sink, batch_id) in self.batches:
+                            continue
+                        rows = table.filter(pc.equal(table["batch_id"], batch_id))
+                        self.line_items.update(rows["line_item_id"].to_pylist())
+                        self.batches[(sink, batch_id)] = (seen_ms, rows["published_at"].cast("int64").to_pylist())
             self.stop.wait(POLL_S)
 
     def rows(self, sink: str | None = None) -> int:

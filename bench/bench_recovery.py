@@ -57,13 +57,16 @@ KILL_TARGET_S = 15.0  # issue 11
 
 
 def visible_line_items(data_dir: Path) -> Counter:
-    """How often each order line is visible to a DuckDB glob reader, over both order sinks."""
+    """How often each order line is visible to a DuckDB reader of the tables' current files, over both order sinks."""
     import duckdb
+
+    from pipeline.sinks import sink_files
 
     seen: Counter = Counter()
     for sink in ("enriched", "missing_state"):
-        if any(store.sink_dir(data_dir, sink).glob("*/*.parquet")):
-            rows = duckdb.sql(f"select line_item_id from read_parquet('{store.sink_glob(data_dir, sink)}')").fetchall()
+        files = sink_files(data_dir, sink)
+        if files:
+            rows = duckdb.execute("select line_item_id from read_parquet($files)", {"files": files}).fetchall()
             seen.update(row[0] for row in rows)
     return seen
 

@@ -203,6 +203,12 @@ KEYS: tuple[Key, ...] = (
     Key("job.start_from", "earliest", _choice("earliest", "latest"), "Where a fresh checkpoint starts reading every topic"),
     Key("job.restart.attempts", 5, _int_at_least(0), "Restarts from the last checkpoint before giving up"),
     Key("job.restart.delay", "10s", parse_duration, "Delay between restart attempts"),
+    # The sinks are Delta tables (pipeline/sinks.py): one small file per batch until compacted.
+    Key("sinks.compact_interval", "10m", parse_duration,
+        "How often the running job compacts each sink's small files, then vacuums replaced ones; 0 = never"),
+    Key("sinks.vacuum_retention", "168h", parse_duration,
+        "How long vacuum keeps files that compaction or a restore replaced (whole hours; at least "
+        "back to the oldest savepoint)"),
     Key("enrichment.max_wait", "10s", parse_duration, "How long an order waits for its user/item; 0 = no buffering"),
     Key("enrichment.time", "processing", _choice("processing", "event"),
         "Enrich with the state held when the order is processed, or with the versions current at its event time"),

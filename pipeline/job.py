@@ -30,7 +30,7 @@ from pipeline.config import Settings
 from pipeline.errors import ConfigError, SinkError, StatefulStreamsError
 from pipeline.freed_memory import give_back_freed_memory
 from pipeline.metrics import MetricsStore
-from pipeline.sinks import SinkWriter, last_committed_batch
+from pipeline.sinks import SinkMaintenance, SinkWriter, last_committed_batch
 
 log = logging.getLogger(__name__)
 NON_RETRYABLE = ("SinkError", "Permission denied", "No space left on device", "Read-only file system")
@@ -251,7 +251,7 @@ def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event 
         raise StatefulStreamsError(f"max_batches {max_batches!r} must be >= 0 (0 = run until stopped)")
     startup = StartupClock()
     lock = acquire_job_lock(settings, "job")
-    own_broker = listener = census = event_clock = None
+    own_broker = listener = census = event_clock = maintenance = None
     try:
         recover_restore(settings)
         check_checkpoint_layout(store.checkpoint_dir(settings.data_dir), checkpoint_layout(settings))
@@ -288,6 +288,8 @@ def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event 
         spark.streams.addListener(listener)
         census = StateCensus(spark, store.checkpoint_dir(settings.data_dir), metrics_store, settings.max_wait_ms).start()
         event_clock = attach_event_clock(spark, metrics_store, settings)
+        maintenance = SinkMaintenance(writer, settings.data_dir, settings["sinks.compact_interval"],
+                                      settings["sinks.vacuum_retention"], record).start()
         attempts, delay = settings["job.restart.attempts"], settings["job.restart.delay"]
         startup.mark("listeners")
         metrics_store.event("job_started", f"job started on {settings['spark.master']} reading {service_url} "
@@ -332,6 +334,8 @@ def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event 
                     record("job_stopped", "job stopped while waiting to restart")
                     return
     finally:
+        if maintenance is not None:
+            maintenance.stop()
         if census is not None:
             census.stop()
         if listener is not None:

@@ -251,6 +251,17 @@ class DeltaSinks:
             log.warning("sink %s taken back to batch %d (Delta version %s)", name, batch_id, version)
         return plan
 
+    def recover(self, last_committed: int) -> dict[str, int | None]:
+        """At start: a table holds at most the batch after the checkpoint's last committed one
+        (committed to the sink, not yet by Spark: the re-run skips it). One holding more has
+        batches a replaced checkpoint no longer counts: take it back, so they commit once."""
+        ahead = {name: batch for name, batch in self.committed_batches().items() if batch > last_committed + 1}
+        if not ahead:
+            return {}
+        log.warning("sinks %s hold batches after the checkpoint's last committed batch %d; taking them back",
+                    ", ".join(sorted(ahead)), last_committed)
+        return self.rollback(last_committed)
+
     def maintain(self, compact: bool = True, retention_s: float | None = None) -> dict[str, dict]:
         """Compact each table's small files, then vacuum the files no version within
         ``retention_s`` needs (None: no vacuum), and drop expired log entries. Safe while
@@ -301,19 +312,87 @@ class SinkWriter(DeltaSinks):
         """foreachBatch body: split the batch's wide rows per sink and commit them."""
         return self.commit_batch(split_wide(table, batch_id, int(time.time() * 1000)), batch_id)
 
-    def recover(self, last_committed: int) -> dict[str, int | None]:
-        """At start: a table holds at most the batch after the checkpoint's last committed one
-        (committed to the sink, not yet by Spark: the re-run skips it). One holding more has
-        batches a replaced checkpoint no longer counts: take it back, so they commit once."""
-        ahead = {name: batch for name, batch in self.committed_batches().items() if batch > last_committed + 1}
-        if not ahead:
-            return {}
-        log.warning("sinks %s hold batches after the checkpoint's last committed batch %d; taking them back",
-                    ", ".join(sorted(ahead)), last_committed)
-        return self.rollback(last_committed)
 
 def last_committed_batch(checkpoint: Path) -> int:
     """The newest batch id in a checkpoint's commit log (-1 if none)."""
     commits = Path(checkpoint) / "commits"
     ids = [int(p.name) for p in commits.iterdir() if p.name.isdigit()] if commits.is_dir() else []
     return max(ids, default=-1)
+
+
+# ------------------------------------------------------------------ compaction and vacuum on a schedule
+
+
+def oldest_savepoint_age_s(data_dir: Path, now_s: float | None = None) -> float | None:
+    """Seconds since the oldest savepoint was taken (None without savepoints); read from the
+    savepoints' own ``savepoint.json``, as pipeline/savepoints.py writes it."""
+    import json
+    from datetime import datetime
+
+    root = store.savepoints_dir(data_dir)
+    taken = []
+    for meta in root.glob("*/savepoint.json") if root.is_dir() else []:
+        try:
+            stamp = json.loads(meta.read_text())["taken_at"]
+            taken.append(datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp())
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    if not taken:
+        return None
+    return max(0.0, (time.time() if now_s is None else now_s) - min(taken))
+
+
+def vacuum_retention_s(data_dir: Path, configured_s: float, now_s: float | None = None) -> float:
+    """The retention a vacuum uses: the configured one, or longer, back to the oldest savepoint
+    (plus an hour: vacuum counts whole hours), so every savepoint stays restorable."""
+    age = oldest_savepoint_age_s(data_dir, now_s)
+    return configured_s if age is None else max(configured_s, age + 3600)
+
+
+class SinkMaintenance:
+    """The job's background thread that compacts and vacuums the sinks every ``interval_s``,
+    between (and during) batches: Delta's optimistic concurrency lets a batch commit meanwhile.
+    A failure is logged and recorded as an event; the next round tries again."""
+
+    def __init__(self, writer: DeltaSinks, data_dir: Path, interval_s: float, retention_s: float, record=None):
+        import threading
+
+        self.writer, self.data_dir = writer, Path(data_dir)
+        self.interval_s, self.retention_s = interval_s, retention_s
+        self.record = record  # (kind, message, **details) -> None, the job's event recorder
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="sink-maintenance", daemon=True)
+
+    def start(self) -> "SinkMaintenance":
+        if self.interval_s > 0:
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=60)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.run_once()
+
+    def run_once(self) -> dict:
+        started = time.monotonic()
+        retention = vacuum_retention_s(self.data_dir, self.retention_s)
+        try:
+            done = self.writer.maintain(compact=True, retention_s=retention)
+        except Exception as exc:  # never fatal: the batches go on, the next round tries again
+            log.warning("sink compaction or vacuum failed (the next round tries again): %s", exc)
+            if self.record:
+                self.record("sinks_maintenance_failed", f"sink compaction or vacuum failed: {str(exc).splitlines()[0]}",
+                            error=str(exc)[:500])
+            return {}
+        took = time.monotonic() - started
+        if self.record:
+            removed = sum(facts.get("files_removed", 0) for facts in done.values())
+            vacuumed = sum(facts.get("files_vacuumed", 0) for facts in done.values())
+            self.record("sinks_maintained", f"sinks compacted ({removed} files into "
+                        f"{sum(facts.get('files_added', 0) for facts in done.values())}) and vacuumed ({vacuumed} "
+                        f"files) in {took:.1f}s", sinks=done, retention_s=retention, duration_s=round(took, 3))
+        return done

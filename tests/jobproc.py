@@ -24,7 +24,7 @@ def cli_args(settings) -> list[str]:
     keys = ("pulsar.service_url", "paths.data_dir", "spark.master", "job.trigger_interval", "job.max_rows_per_batch",
             "job.restart.attempts", "job.restart.delay", "enrichment.max_wait", "enrichment.time",
             "enrichment.order_time", "enrichment.out_of_orderness", "enrichment.allowed_lateness",
-            "enrichment.idle_timeout",
+            "enrichment.idle_timeout", "sinks.compact_interval", "sinks.vacuum_retention",
             "topics.users", "topics.items", "topics.orders")
     args = []
     for key in keys:

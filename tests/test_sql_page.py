@@ -38,7 +38,7 @@ def test_the_page_says_how_to_start_a_pipeline_when_there_is_none(monkeypatch, t
 
 def write_batch(writer: SqlSinkWriter, plan, batch_id: int, ops: list[str], accounts: list[str], counts: list) -> None:
     rows = pa.table({"op": ops, "key": [None] * len(ops), "s0_accountId": accounts, "agg1": counts})
-    writer.stage_batch({"result": build_result(plan, rows, batch_id, 1_795_000_000_000 + batch_id)}, batch_id)
+    writer.commit_batch({"result": build_result(plan, rows, batch_id, 1_795_000_000_000 + batch_id)}, batch_id)
 
 
 def test_the_page_shows_the_current_result_and_the_totals(monkeypatch, tmp_path):
@@ -49,8 +49,7 @@ def test_the_page_shows_the_current_result_and_the_totals(monkeypatch, tmp_path)
     writer = SqlSinkWriter(root)
     write_batch(writer, plan, 0, ["upsert", "upsert"], ["100", "101"], [2, 2])
     write_batch(writer, plan, 1, ["delete", "upsert"], ["100", "101"], [None, 3])
-    write_batch(writer, plan, 2, ["upsert"], ["102"], [9])  # staged, never committed: not shown
-    writer.publish_committed(1)
+    write_batch(writer, plan, 1, ["upsert"], ["102"], [9])  # batch 1 again (a re-run): commits nothing
     progress = root / "metrics" / "progress"
     progress.mkdir(parents=True)
     (progress / "2026-11-23.jsonl").write_text(

@@ -142,7 +142,7 @@ def build_query(spark, settings: Settings, plan: Plan, name: str, service_url: s
         now = int(time.time() * 1000)
         result = build_result(plan, table, batch_id, now)
         send_messages(producer, build_messages(plan, result))
-        writer.stage_batch({"result": result, "dead_letter": build_dead_letters(table, batch_id, now)}, batch_id)
+        writer.commit_batch({"result": result, "dead_letter": build_dead_letters(table, batch_id, now)}, batch_id)
         give_back_freed_memory()
 
     interval_ms = int(settings["job.trigger_interval"] * 1000)
@@ -155,7 +155,7 @@ def make_listener(query_name: str, metrics: MetricsStore, writer: SqlSinkWriter,
     from pipeline.listener import ProgressListener
 
     class SqlListener(ProgressListener):
-        """Publishes this pipeline's committed batches and appends its progress rows."""
+        """Appends this pipeline's progress rows (its batches committed to the sinks in foreachBatch)."""
 
         def onQueryProgress(self, event) -> None:
             try:
@@ -163,10 +163,6 @@ def make_listener(query_name: str, metrics: MetricsStore, writer: SqlSinkWriter,
                     return
                 progress = json.loads(event.progress.json)
                 batch_id = progress["batchId"]
-                try:
-                    writer.publish_committed(last_committed_batch(checkpoint))
-                except StatefulStreamsError as exc:
-                    log.error("%s", exc)
                 metrics.append("progress", build_sql_progress_row(progress, writer.last_counts.get(batch_id)))
                 on_batch(batch_id)
             except Exception:  # a listener error must never take the pipeline down; it is logged
@@ -218,9 +214,7 @@ def run_sql_pipeline(settings: Settings, plan: Plan, name: str, max_batches: int
         attempts, delay = settings["job.restart.attempts"], settings["job.restart.delay"]
         attempt = 0
         while True:
-            last = last_committed_batch(checkpoint)
-            writer.publish_committed(last)
-            writer.discard_uncommitted(last)
+            writer.recover(last_committed_batch(checkpoint))
             query = build_query(spark, settings, plan, name, service_url, writer, producer)
             try:
                 while query.isActive and not stop.is_set() and writer.failure is None:
@@ -228,7 +222,6 @@ def run_sql_pipeline(settings: Settings, plan: Plan, name: str, max_batches: int
                 if stop.is_set() or writer.failure is not None:
                     finish_batch_in_flight(query)
                     query.stop()
-                    writer.publish_committed(last_committed_batch(checkpoint))
                     if writer.failure is not None:
                         metrics.event("sql_failed", f"SQL pipeline {name!r} stopped: {writer.failure}")
                         raise writer.failure

@@ -1,4 +1,4 @@
-"""A SQL pipeline's outputs: the upsert topic, and the Parquet change table DuckDB reads.
+"""A SQL pipeline's outputs: the upsert topic, and the Delta change table DuckDB reads.
 
 Per micro-batch the query's output rows (one per changed key: an upsert or a delete) become:
 
@@ -6,29 +6,25 @@ Per micro-batch the query's output rows (one per changed key: an upsert or a del
   table's column order (``{"accountId":"100","userCount":2}``), an empty payload for a delete.
   Sent and flushed inside the batch, before Spark commits it, so at-least-once: a batch re-run
   after a crash sends the same messages again, which an upsert topic absorbs (same key, same row).
-- **the ``result`` sink**: Parquet change rows ``_key, _op, <target columns>, _batch_id,
-  _changed_at`` under ``<data_dir>/sql/<name>/sinks/result/batch=<id>/``; the current result is
-  the latest row per ``_key`` whose ``_op`` is ``upsert`` (app/sql_queries.py). Exactly-once for
-  a glob reader, as pipeline/sinks.py: staged under ``staging/``, renamed in only once Spark has
-  committed the batch (from the query listener, and at start-up). A batch has at most one row
-  per key, so "latest" is the highest ``_batch_id``.
-- **the ``dead_letter`` sink**: the job's dead-letter columns (pipeline/sinks.py), same protocol.
+- **the ``result`` sink**: a Delta table of change rows ``_key, _op, <target columns>, _batch_id,
+  _changed_at`` under ``<data_dir>/sql/<name>/sinks/result/``; the current result is the latest
+  row per ``_key`` whose ``_op`` is ``upsert`` (app/sql_queries.py). Exactly-once for a reader of
+  the Delta log, with the job's writer (pipeline/sinks.py): one commit per batch with the
+  transaction id (app id, batch id), so a batch re-run after a crash commits nothing twice. A
+  batch has at most one row per key, so "latest" is the highest ``_batch_id``.
+- **the ``dead_letter`` sink**: the job's dead-letter columns (pipeline/sinks.py), same writer.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
-from pipeline import store
 from pipeline.errors import SinkError
-from pipeline.sinks import SCHEMAS, TS
+from pipeline.sinks import SCHEMAS, TS, DeltaSinks
 from pipeline.sql.envelope import field_name
 from pipeline.sql.plan import Plan
 
@@ -116,73 +112,12 @@ def send_messages(producer, messages: list[tuple[str, bytes]]) -> None:
         raise SinkError(f"sending to topic {producer.topic()!r} failed: {errors[0]} ({len(errors)} messages)")
 
 
-class SqlSinkWriter:
-    """Stages a SQL pipeline's batches and publishes the committed ones (see the module docstring)."""
+class SqlSinkWriter(DeltaSinks):
+    """A SQL pipeline's two Delta tables (see the module docstring)."""
 
     def __init__(self, root: Path):
         self.root = Path(root)  # <data_dir>/sql/<name>
-        self.last_counts: dict[int, dict[str, int]] = {}
-        self.failure: SinkError | None = None
+        super().__init__({sink: self.folder(sink) for sink in SQL_SINKS})
 
-    def folder(self, kind: str, sink: str, batch_id: int | None = None) -> Path:
-        base = self.root / kind / sink
-        return base if batch_id is None else base / store.batch_folder(batch_id)
-
-    def stage_batch(self, tables: dict[str, pa.Table], batch_id: int) -> dict[str, int]:
-        if self.failure is not None:
-            raise SinkError(str(self.failure))
-        counts = {}
-        for sink in SQL_SINKS:
-            folder = self.folder("staging", sink, batch_id)
-            table = tables.get(sink)
-            counts[sink] = 0 if table is None else table.num_rows
-            try:
-                if folder.exists():
-                    shutil.rmtree(folder)  # a failed earlier attempt of this batch
-                if not counts[sink]:
-                    continue
-                folder.mkdir(parents=True, exist_ok=True)
-                tmp = folder / "part-00000.parquet.tmp"
-                pq.write_table(table, tmp, compression="zstd")
-                with open(tmp, "rb") as handle:
-                    os.fsync(handle.fileno())
-                os.replace(tmp, folder / "part-00000.parquet")
-            except OSError as exc:
-                raise SinkError(f"cannot write SQL sink {sink!r} batch {batch_id} under {str(folder)!r}: "
-                                f"{exc.strerror or exc}") from exc
-        self.last_counts[batch_id] = counts
-        if len(self.last_counts) > 100:
-            self.last_counts.pop(min(self.last_counts))
-        return counts
-
-    def staged(self, sink: str) -> list[int]:
-        root = self.folder("staging", sink)
-        return sorted(int(p.name.split("=", 1)[1]) for p in root.glob("batch=*")) if root.exists() else []
-
-    def publish_committed(self, last_committed: int) -> int:
-        moved = 0
-        for sink in SQL_SINKS:
-            for batch_id in self.staged(sink):
-                if batch_id > last_committed:
-                    continue
-                source, target = self.folder("staging", sink, batch_id), self.folder("sinks", sink, batch_id)
-                try:
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    if target.exists():
-                        shutil.rmtree(target)
-                    os.rename(source, target)
-                    moved += 1
-                except OSError as exc:
-                    self.failure = self.failure or SinkError(f"cannot publish {str(source)!r} to {str(target)!r}: "
-                                                             f"{exc.strerror or exc}")
-                    raise self.failure from exc
-        return moved
-
-    def discard_uncommitted(self, last_committed: int) -> int:
-        dropped = 0
-        for sink in SQL_SINKS:
-            for batch_id in self.staged(sink):
-                if batch_id > last_committed:
-                    shutil.rmtree(self.folder("staging", sink, batch_id), ignore_errors=True)
-                    dropped += 1
-        return dropped
+    def folder(self, sink: str) -> Path:
+        return self.root / "sinks" / sink

@@ -1,0 +1,149 @@
+"""The sinks as Delta tables (issue 28): one idempotent commit per batch and sink, compaction
+and vacuum on a schedule, and no race between two writers of one batch.
+
+Real Delta tables written by :class:`pipeline.sinks.SinkWriter`, read back as users do
+(tests/sinkread.py: DuckDB over the files the log lists now)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+
+import sinkread
+from pipeline import sinks, store
+
+
+def dead_letters(batch_id: int, rows: int = 2, tag: str = "m") -> dict[str, pa.Table]:
+    """A batch of ``rows`` dead letters with message ids ``<tag><batch>-<i>``."""
+    table = pa.table({
+        "source_topic": ["t"] * rows, "source_partition": [0] * rows,
+        "source_message_id": [f"{tag}{batch_id}-{i}" for i in range(rows)], "key": ["k"] * rows,
+        "payload": ["x"] * rows, "error": ["bad"] * rows, "published_at": [0] * rows,
+        "detected_at": [1_800_000_000_000 + batch_id] * rows, "batch_id": [batch_id] * rows,
+    }).cast(sinks.SCHEMAS["dead_letter"])
+    return {"dead_letter": table}
+
+
+def ids(data_dir: Path) -> list[str]:
+    return sorted(row["source_message_id"] for row in sinkread.rows(data_dir, "dead_letter", "source_message_id"))
+
+
+def data_files(data_dir: Path) -> int:
+    return sum(1 for name in os.listdir(store.sink_dir(data_dir, "dead_letter")) if name.endswith(".parquet"))
+
+
+def test_a_batch_commits_once_however_often_it_runs(tmp_path):
+    writer = sinks.SinkWriter(tmp_path)
+    assert writer.commit_batch(dead_letters(0), 0)["dead_letter"] == 2
+    assert writer.commit_batch(dead_letters(0, tag="again"), 0)["dead_letter"] == 0  # Spark re-runs batch 0
+    assert sinks.SinkWriter(tmp_path).commit_batch(dead_letters(0), 0)["dead_letter"] == 0  # after a restart too
+    assert writer.commit_batch(dead_letters(1), 1)["dead_letter"] == 2
+    assert ids(tmp_path) == ["m0-0", "m0-1", "m1-0", "m1-1"]
+    assert writer.committed_batches() == {"enriched": -1, "missing_state": -1, "dead_letter": 1}
+
+
+def test_two_writers_of_one_batch_at_the_same_moment_commit_it_once(tmp_path):
+    """The race of issue 28: the listener and the start-up recovery published one batch at once,
+    and the second deleted the first's folder. With Delta, two writers that both saw the batch
+    missing race to commit it; the transaction id makes the loser's commit fail, and it sees the
+    batch there. Many rounds, each with a fresh pair of writers released together."""
+    writer = sinks.SinkWriter(tmp_path)
+    writer.commit_batch(dead_letters(0), 0)
+    for batch in range(1, 13):
+        barrier = threading.Barrier(2)
+        results, errors = [], []
+
+        def commit(tag: str) -> None:
+            try:
+                own = sinks.SinkWriter(tmp_path)
+                barrier.wait()
+                results.append(own.commit_batch(dead_letters(batch, tag=tag), batch)["dead_letter"])
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=commit, args=(tag,)) for tag in ("a", "b")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert errors == [] and sorted(results) == [0, 2], (batch, results, errors)
+    rows = sinkread.rows(tmp_path, "dead_letter", "batch_id")
+    assert sorted(row["batch_id"] for row in rows) == sorted(list(range(13)) * 2)
+
+
+def test_compaction_bounds_the_files_and_vacuum_removes_the_replaced_ones(tmp_path):
+    writer = sinks.SinkWriter(tmp_path)
+    for batch in range(40):
+        writer.commit_batch(dead_letters(batch), batch)
+    before = ids(tmp_path)
+    assert len(sinks.sink_files(tmp_path, "dead_letter")) == 40 and data_files(tmp_path) == 40
+    done = writer.maintain(compact=True, retention_s=None)
+    assert done["dead_letter"]["files_removed"] == 40 and done["dead_letter"]["files_added"] == 1
+    assert ids(tmp_path) == before and len(sinks.sink_files(tmp_path, "dead_letter")) == 1
+    assert data_files(tmp_path) == 41  # the replaced files stay until vacuum: a glob would double every row
+    writer.maintain(compact=True, retention_s=3600)  # replaced a moment ago: kept
+    assert data_files(tmp_path) == 41
+    done = writer.maintain(compact=True, retention_s=0)
+    assert done["dead_letter"]["files_vacuumed"] == 40 and data_files(tmp_path) == 1 and ids(tmp_path) == before
+
+
+def test_batches_commit_while_compaction_and_vacuum_run(tmp_path):
+    writer = sinks.SinkWriter(tmp_path)
+    stop = threading.Event()
+    rounds = [0]
+
+    def maintain_forever() -> None:
+        while not stop.is_set():
+            sinks.SinkWriter(tmp_path).maintain(compact=True, retention_s=0)
+            rounds[0] += 1
+
+    for batch in range(3):
+        writer.commit_batch(dead_letters(batch), batch)
+    thread = threading.Thread(target=maintain_forever)
+    thread.start()
+    try:
+        for batch in range(3, 60):
+            assert writer.commit_batch(dead_letters(batch), batch)["dead_letter"] == 2
+            assert len(ids(tmp_path)) == 2 * (batch + 1)  # every reader sees each row once, meanwhile too
+    finally:
+        stop.set()
+        thread.join()
+    assert rounds[0] > 1
+    assert ids(tmp_path) == sorted(f"m{b}-{i}" for b in range(60) for i in range(2))
+
+
+def test_vacuum_keeps_what_the_oldest_savepoint_needs(tmp_path):
+    now = 1_800_000_000.0  # 2027-01-15T08:00:00Z
+    assert sinks.vacuum_retention_s(tmp_path, 3600, now) == 3600  # no savepoint: as configured
+    for name, taken_at in (("older", "2027-01-13T08:00:00.000Z"), ("newer", "2027-01-15T07:00:00.000Z")):
+        folder = store.savepoints_dir(tmp_path) / name
+        folder.mkdir(parents=True)
+        (folder / "savepoint.json").write_text(json.dumps({"name": name, "batch_id": 3, "taken_at": taken_at}))
+    assert sinks.oldest_savepoint_age_s(tmp_path, now) == 2 * 86400
+    assert sinks.vacuum_retention_s(tmp_path, 3600, now) == 2 * 86400 + 3600  # back to the oldest, and an hour
+    assert sinks.vacuum_retention_s(tmp_path, 7 * 86400, now) == 7 * 86400
+
+
+def test_the_schedule_records_each_round(tmp_path):
+    writer = sinks.SinkWriter(tmp_path)
+    for batch in range(5):
+        writer.commit_batch(dead_letters(batch), batch)
+    events = []
+    maintenance = sinks.SinkMaintenance(writer, tmp_path, 0.05, 0, lambda kind, message, **details: events.append(
+        (kind, message, details)))
+    maintenance.start()
+    try:
+        import time
+
+        deadline = time.monotonic() + 30
+        while not events and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        maintenance.stop()
+    kind, message, details = events[0]
+    assert kind == "sinks_maintained" and "5 files into 1" in message and details["sinks"]["dead_letter"]["files_vacuumed"] == 5
+    assert len(sinks.sink_files(tmp_path, "dead_letter")) == 1 and len(ids(tmp_path)) == 10
