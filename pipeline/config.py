@@ -209,6 +209,8 @@ KEYS: tuple[Key, ...] = (
     Key("sinks.vacuum_retention", "168h", parse_duration,
         "How long vacuum keeps files that compaction or a restore replaced (whole hours; at least "
         "back to the oldest savepoint)"),
+    Key("metrics.retention", "168h", parse_duration,
+        "How long the running job keeps metrics day files (whole days; today's and yesterday's always stay)"),
     Key("enrichment.max_wait", "10s", parse_duration, "How long an order waits for its user/item; 0 = no buffering"),
     Key("enrichment.time", "processing", _choice("processing", "event"),
         "Enrich with the state held when the order is processed, or with the versions current at its event time"),

@@ -29,7 +29,7 @@ from pipeline.broker import BrokerUse, use_embedded_broker
 from pipeline.config import Settings
 from pipeline.errors import ConfigError, SinkError, StatefulStreamsError
 from pipeline.freed_memory import give_back_freed_memory
-from pipeline.metrics import MetricsStore
+from pipeline.metrics import MetricsStore, prune_old_days
 from pipeline.sinks import SinkMaintenance, SinkWriter, last_committed_batch
 
 log = logging.getLogger(__name__)
@@ -289,7 +289,8 @@ def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event 
         census = StateCensus(spark, store.checkpoint_dir(settings.data_dir), metrics_store, settings.max_wait_ms).start()
         event_clock = attach_event_clock(spark, metrics_store, settings)
         maintenance = SinkMaintenance(writer, settings.data_dir, settings["sinks.compact_interval"],
-                                      settings["sinks.vacuum_retention"], record).start()
+                                      settings["sinks.vacuum_retention"], record,
+                                      prune=lambda: prune_old_days(settings.data_dir, settings["metrics.retention"])).start()
         attempts, delay = settings["job.restart.attempts"], settings["job.restart.delay"]
         startup.mark("listeners")
         metrics_store.event("job_started", f"job started on {settings['spark.master']} reading {service_url} "

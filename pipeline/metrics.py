@@ -75,6 +75,25 @@ def read_rows(data_dir: Path, stream: str, since_ms: int | None = None) -> list[
     return rows
 
 
+def prune_old_days(data_dir: Path, retention_s: float, now_s: float | None = None) -> list[Path]:
+    """Delete the day files of every metrics stream whose whole day ended more than
+    ``retention_s`` ago; today's and yesterday's always stay (a day file is the unit). Returns
+    what was deleted. The running job calls it on its maintenance thread (metrics.retention)."""
+    now = time.time() if now_s is None else now_s
+    keep_from = datetime.fromtimestamp(now - max(retention_s, 86400.0), tz=timezone.utc).strftime("%Y-%m-%d")
+    removed = []
+    for stream in store.METRIC_STREAMS:
+        folder = store.metrics_dir(data_dir, stream)
+        for path in sorted(folder.glob("*.jsonl")) if folder.is_dir() else []:
+            if len(path.stem) == 10 and path.stem < keep_from:
+                try:
+                    path.unlink()
+                    removed.append(path)
+                except FileNotFoundError:
+                    continue
+    return removed
+
+
 def read_events(data_dir: Path, kinds: tuple[str, ...] = ()) -> list[dict]:
     return [row for row in read_rows(data_dir, "events") if not kinds or row.get("kind") in kinds]
 

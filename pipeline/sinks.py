@@ -351,12 +351,15 @@ def vacuum_retention_s(data_dir: Path, configured_s: float, now_s: float | None 
 
 class SinkMaintenance:
     """The job's background thread that compacts and vacuums the sinks every ``interval_s``,
-    between (and during) batches: Delta's optimistic concurrency lets a batch commit meanwhile.
-    A failure is logged and recorded as an event; the next round tries again."""
+    between (and during) batches: Delta's optimistic concurrency lets a batch commit meanwhile;
+    each round first removes metrics day files past their retention (``prune``). A failure is
+    logged and recorded as an event; the next round tries again."""
 
-    def __init__(self, writer: DeltaSinks, data_dir: Path, interval_s: float, retention_s: float, record=None):
+    def __init__(self, writer: DeltaSinks, data_dir: Path, interval_s: float, retention_s: float, record=None,
+                 prune=None):
         import threading
 
+        self.prune = prune  # () -> list of removed metrics files, run after the sinks each round
         self.writer, self.data_dir = writer, Path(data_dir)
         self.interval_s, self.retention_s = interval_s, retention_s
         self.record = record  # (kind, message, **details) -> None, the job's event recorder
@@ -378,6 +381,14 @@ class SinkMaintenance:
             self.run_once()
 
     def run_once(self) -> dict:
+        if self.prune is not None:
+            try:
+                removed = self.prune()
+                if removed and self.record:
+                    self.record("metrics_pruned", f"removed {len(removed)} metrics day files past the retention",
+                                files=[str(path) for path in removed][:50])
+            except OSError as exc:
+                log.warning("cannot remove old metrics files (the next round tries again): %s", exc)
         started = time.monotonic()
         retention = vacuum_retention_s(self.data_dir, self.retention_s)
         try:

@@ -44,10 +44,6 @@ def sink_glob(data_dir: Path, sink: str) -> str:
     return str(sink_dir(data_dir, sink) / "*.parquet")
 
 
-def batch_folder(batch_id: int) -> str:
-    return f"batch={batch_id:012d}"
-
-
 def checkpoint_dir(data_dir: Path) -> Path:
     return Path(data_dir) / "checkpoint"
 
