@@ -400,9 +400,9 @@ class SinkMaintenance:
                             error=str(exc)[:500])
             return {}
         took = time.monotonic() - started
-        if self.record:
-            removed = sum(facts.get("files_removed", 0) for facts in done.values())
-            vacuumed = sum(facts.get("files_vacuumed", 0) for facts in done.values())
+        removed = sum(facts.get("files_removed", 0) for facts in done.values())
+        vacuumed = sum(facts.get("files_vacuumed", 0) for facts in done.values())
+        if self.record and (removed or vacuumed):  # a round with nothing to do is no event
             self.record("sinks_maintained", f"sinks compacted ({removed} files into "
                         f"{sum(facts.get('files_added', 0) for facts in done.values())}) and vacuumed ({vacuumed} "
                         f"files) in {took:.1f}s", sinks=done, retention_s=retention, duration_s=round(took, 3))
