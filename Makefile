@@ -13,7 +13,7 @@ LOOKUP_JAR := pipeline/enrich/jvm/build/changelog-lookup.jar
 # the stamp records the attempt, so a failed one is not retried on every make.
 CLASS_ARCHIVE := pipeline/enrich/jvm/build/spark-classes.stamp
 
-.PHONY: setup system-deps demo test test-fast bench clean
+.PHONY: setup system-deps apache-pulsar demo test test-fast bench clean
 
 setup: $(STAMP) system-deps $(LOOKUP_JAR) $(CLASS_ARCHIVE)
 
@@ -58,7 +58,15 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 demo: setup
 	$(PY) -m pipeline demo
 
-test: setup
+# Apache Pulsar standalone's jars (about 200 MB) from Maven Central, for the apache test tier and
+# `python -m pipeline broker --apache`: fetched once by mvn into ~/.cache/stateful-streams/ (or
+# SS_APACHE_PULSAR_CACHE), then a no-op. `make demo` keeps pulsar-lite and does not need them.
+apache-pulsar: $(STAMP)
+	@command -v mvn >/dev/null || { echo "installing Maven to fetch Apache Pulsar"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq maven >/dev/null; }
+	@$(PY) -m pipeline.apache_broker fetch >/dev/null
+
+test: setup apache-pulsar
 	$(PY) -m pytest -q
 
 # The fast tier: pure rules and maths, no broker, no Spark.

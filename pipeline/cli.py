@@ -68,10 +68,16 @@ def finite_rate(text: str) -> float:
 
 
 def cmd_broker(args, settings):
-    from pipeline.broker import serve_forever
     from pipeline.store import ensure_data_dir
 
     ensure_data_dir(settings.data_dir)
+    if args.apache:
+        from pipeline.apache_broker import serve_forever as serve_apache
+
+        serve_apache(settings)
+        return
+    from pipeline.broker import serve_forever
+
     serve_forever(settings)
 
 
@@ -239,7 +245,10 @@ def build_parser() -> argparse.ArgumentParser:
         command.set_defaults(func=func)
         return command
 
-    add("broker", cmd_broker, "run the embedded pulsar-lite broker in the foreground and print its URL")
+    broker = add("broker", cmd_broker, "run the embedded pulsar-lite broker in the foreground and print its URL")
+    broker.add_argument("--apache", action="store_true",
+                        help="run Apache Pulsar standalone instead (fetched from Maven Central once, about 200 MB; "
+                             "starts in about 15-30 s) and print its service and admin URLs")
     topics = add("topics", cmd_topics, "create the three topics (partitions and retention where an admin API exists)")
     topics.add_argument("--partitions", type=whole_number(1), default=1, help="partitions per topic (admin API only)")
 
