@@ -1,6 +1,7 @@
 """Exactly-once through crashes: a measured chaos run (kill -9 at a random moment, in the publish
 window and after a broker restart, kills during savepoint take and restore, a full disk) that
-counts what it survived and checks nothing was lost or doubled (CHAOS_ROUNDS=N for more)."""
+counts what it survived and checks nothing was lost or doubled (CHAOS_ROUNDS=N for more), with
+the console busy on state look-ups all along."""
 
 from __future__ import annotations
 
@@ -69,6 +70,47 @@ def _fill(disk: Path) -> Path:
     return ballast
 
 
+class BusyConsole:
+    """Viewers keep the console's state look-up busy through the chaos (issue 27): ``clients``
+    threads ask the console's own look-up service (pipeline/state_service.py, its limits on) for a
+    user and an item, each as fast as the limits let it; answers, refusals and errors are counted."""
+
+    def __init__(self, settings, clients: int = 3, pause_s: float = 1.0):
+        import threading
+
+        from pipeline.state_service import service_for
+
+        self.settings, self.service, self.pause_s = settings, service_for(settings), pause_s
+        self.tally: Counter = Counter()
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._ask, args=(f"10.0.0.{n}",), daemon=True) for n in range(clients)]
+
+    def _ask(self, client: str) -> None:
+        from pipeline.errors import ControlError
+
+        n = 0
+        while not self.stop.wait(self.pause_s):
+            n += 1
+            try:
+                control.inspect_state(self.settings, [("users", n % 40 + 1), ("items", n % 8 + 1)], client=client)
+                self.tally["answered"] += 1
+            except ControlError as exc:
+                self.tally["refused by a limit" if "a minute per viewer" in str(exc) or "busy" in str(exc)
+                           else "failed"] += 1
+
+    def __enter__(self) -> "BusyConsole":
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=360)
+        self.tally["worker starts"] = self.service.starts
+        self.service.close()
+
+
 # Rounds of the random and publish-window kills, and of the cut savepoint takes and restores. One
 # round (five job starts) keeps `make test` short; CHAOS_ROUNDS=2 or more for the report.
 CHAOS_ROUNDS = max(1, int(os.environ.get("CHAOS_ROUNDS", "1")))
@@ -109,6 +151,7 @@ def test_chaos_measured(tmp_path, unique_topics):
         assert len(seen) == len(set(seen)), f"duplicates visible {when}"
 
     jobs: list[JobProcess] = []
+    console = BusyConsole(settings).__enter__()  # the console's state look-ups run through every phase
 
     def start(name: str) -> JobProcess:
         jobs.append(JobProcess(settings, tmp_path / f"{name}.log"))
@@ -216,6 +259,7 @@ def test_chaos_measured(tmp_path, unique_topics):
         finally:
             assert job.stop() == 0
     finally:
+        console.__exit__()
         for job in jobs:
             if job.proc.poll() is None:
                 job.kill9()
@@ -230,10 +274,12 @@ def test_chaos_measured(tmp_path, unique_topics):
     orders = sent[0]
     report = {"kills": dict(tally), "messages": messages + orders, "orders": orders,
               "losses": orders - len(distinct & set(range(orders))),
-              "duplicates": len(enriched) + len(missing) - len(distinct), "notes": notes}
+              "duplicates": len(enriched) + len(missing) - len(distinct), "notes": notes,
+              "state_lookups": dict(console.tally)}
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / "chaos.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report))
     assert report["losses"] == 0 and report["duplicates"] == 0, report
     assert sorted(enriched + missing) == list(range(orders))
     assert set(missing) == _expected_missing(orders)
+    assert console.tally["answered"] > 0, report  # the console was busy all along, and answered
