@@ -68,3 +68,37 @@ def spark(tmp_path_factory):
     session = build_spark(settings, app_name="stateful-streams-tests")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def apache_pulsar(tmp_path_factory):
+    """A real Apache Pulsar standalone (3.0 LTS, from Maven Central) on free loopback ports, one
+    per test session, started on first use (about 15-30 s) and stopped at the end.
+    ``make test`` fetches its jars first (``make apache-pulsar``)."""
+    from pipeline.apache_broker import ApacheBroker
+
+    with ApacheBroker(tmp_path_factory.mktemp("apache-pulsar")) as running:
+        yield running
+
+
+@pytest.fixture
+def apache_settings_factory(tmp_path, apache_pulsar, unique_topics) -> Callable[..., Settings]:
+    """Settings as ``settings_factory`` gives, on the Apache Pulsar broker and its admin API."""
+
+    def make(**overrides) -> Settings:
+        topics = unique_topics()
+        values = {
+            "pulsar.service_url": apache_pulsar.service_url,
+            "pulsar.admin_url": apache_pulsar.admin_url,
+            "paths.data_dir": str(tmp_path / f"data{next(_counter)}"),
+            "spark.master": "local[2]",
+            "job.trigger_interval": "500ms",
+            "job.restart.delay": "1s",
+            "topics.users": topics["users"],
+            "topics.items": topics["items"],
+            "topics.orders": topics["orders"],
+        }
+        values.update({k.replace("__", "."): v for k, v in overrides.items()})
+        return load_settings(env={}, cli=values)
+
+    return make

@@ -1,0 +1,137 @@
+"""The apache tier: the source, topic set-up and the job against a real Apache Pulsar standalone
+(3.0 LTS from Maven Central, ``apache_pulsar`` in conftest.py), where every other tier runs on
+pulsar-lite. Where the two brokers behave differently, each test says which behaviour we rely on.
+
+- The newest entry's id (``get_last_message_id``): Apache Pulsar gives the batch index of the
+  entry's last message, so a cold partition is priced at what its newest entry holds; pulsar-lite
+  gives -1 and the planner guesses a full default batch (1,000 messages).
+- Partitions and retention: Apache Pulsar has the admin REST API (``pulsar.admin_url``);
+  pulsar-lite has none, and ``topics`` skips that step.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pulsar
+import pytest
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+from pipeline.source import probes
+from pipeline.source.reader import POSITION_SHIFT
+from pipeline.topics import ensure_topics
+from factories import keyed, order, publish
+from test_source_planning import invoices, make_reader, no_reads_on_the_driver, publish_mixed, read_batch  # noqa: F401
+
+pytestmark = pytest.mark.apache
+
+
+def publish_entries(url: str, topic: str, unbatched: int, batched: int, start: int = 0) -> list[int]:
+    """``unbatched`` orders one entry each, then ``batched`` orders in exactly one entry."""
+    client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        single = client.create_producer(topic, batching_enabled=False)
+        for n in range(start, start + unbatched):
+            single.send(keyed("orders", [order(n, 1, 1)])[0][1], partition_key=str(n))
+        if batched:
+            # one batch: room for all of them, and a delay far longer than the sends take
+            batch = client.create_producer(topic, batching_enabled=True, batching_max_messages=batched,
+                                           batching_max_publish_delay_ms=5000)
+            for n in range(start + unbatched, start + unbatched + batched):
+                batch.send_async(keyed("orders", [order(n, 1, 1)])[0][1], None, partition_key=str(n))
+            batch.flush()
+    finally:
+        client.close()
+    return list(range(start, start + unbatched + batched))
+
+
+def read_in_batches(reader, limit_rows: int):
+    """Plan and read the whole topic in batches of ``limit_rows`` messages: (offsets, tables)."""
+    offsets, tables = [reader.initialOffset()], []
+    while True:
+        end = reader.latestOffset(offsets[-1], ReadMaxRows(limit_rows))
+        if end == offsets[-1]:
+            return offsets, tables
+        tables.append(read_batch(reader, offsets[-1], end))
+        offsets.append(end)
+
+
+def admin_get(url: str, path: str):
+    with urllib.request.urlopen(url + "/admin/v2/" + path, timeout=10) as response:
+        return json.loads(response.read() or b"null")
+
+
+def test_the_newest_entry_says_how_many_messages_it_holds_and_prices_a_cold_partition(
+        apache_pulsar, unique_topics, no_reads_on_the_driver):
+    """We rely on Apache Pulsar's ``get_last_message_id`` naming the last message of the newest
+    entry (batch index 3 of a 4-message entry), so the planner prices a cold partition at 4
+    messages an entry: a cap of 8 admits 2 entries. pulsar-lite gives -1 there, and the same
+    cap admits 1 entry, priced at a full default batch (tests/test_source_planning.py)."""
+    url, topic = apache_pulsar.service_url, unique_topics()["orders"]
+    publish_entries(url, topic, unbatched=20, batched=4)
+    last, size = probes.newest_entry(url, topic, "-1")
+    assert size == 4 and last.endswith(":-1:-1")  # the batch index is dropped from the planned id
+    reader = make_reader(url, {"orders": topic}, maxRowsPerBatch=8)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, reader.getDefaultReadLimit())
+    assert end["orders"]["parts"]["-1"]["n"] == 2
+    assert end["orders"]["admitted"] == {"entries": 2, "messages": 8, "bytes": end["orders"]["admitted"]["bytes"]}
+    assert reader.reportLatestOffset()["orders"]["parts"]["-1"]["n"] == 21  # 20 unbatched entries and 1 batched
+    no_reads_on_the_driver.undo()
+    assert invoices(read_batch(reader, start, end)) == [0, 1]
+
+
+@pytest.mark.parametrize("batching", [False, True], ids=["unbatched", "batched"])
+def test_batches_cover_the_topic_once_count_entries_and_messages_and_reread_exactly(apache_pulsar, unique_topics, batching):
+    """Entries and messages: each offset counts entries (n), each read row is one message, and
+    a logged (start, end] re-read after a crash gives the same rows, with batching on and off."""
+    url, topic = apache_pulsar.service_url, unique_topics()["orders"]
+    if batching:
+        expected = publish_mixed(url, topic)  # 250 batched orders in one entry or a few, then 3 unbatched
+    else:
+        expected = publish_entries(url, topic, unbatched=60, batched=0)
+    reader = make_reader(url, {"orders": topic}, maxRowsPerBatch=1, splitRows=1)
+    offsets, tables = read_in_batches(reader, 1)
+    assert [n for table in tables for n in invoices(table)] == expected  # every message once, in order
+    entries = offsets[-1]["orders"]["parts"]["-1"]["n"]
+    assert len(tables) == entries  # a cap of one message still moves one whole entry a batch
+    if batching:
+        assert 4 <= entries < len(expected) and max(t.num_rows for t in tables) > 1
+    else:
+        assert entries == len(expected) and all(t.num_rows == 1 for t in tables)
+    assert {p >> POSITION_SHIFT for p in tables[-1].column("position").to_pylist()} == {entries}
+    middle = len(tables) // 2
+    again = read_batch(make_reader(url, {"orders": topic}, splitRows=3), offsets[middle], offsets[middle + 1])
+    assert again.equals(tables[middle])
+    assert reader.latestOffset(offsets[-1], ReadAllAvailable()) == offsets[-1]  # caught up: nothing more
+
+
+def test_topics_through_the_admin_api_four_partitions_read_once_in_order(apache_settings_factory):
+    """``topics`` on Apache Pulsar: partitioned topics and infinite retention on the changelogs,
+    through the admin REST API (pulsar-lite has none: there the step is skipped). The source
+    lists the four partitions and reads every message once, each partition in publish order."""
+    settings = apache_settings_factory()
+    ensure_topics(settings, settings.service_url, partitions=4)
+    admin = settings.admin_url
+    for name, topic in settings.topics.items():
+        path = "persistent/" + topic.removeprefix("persistent://")
+        assert admin_get(admin, path + "/partitions")["partitions"] == 4
+        retention = admin_get(admin, path + "/retention?applied=false")
+        if name in ("users", "items"):
+            assert retention == {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1}
+        else:
+            assert not retention  # the orders keep what the namespace says (README "Retention")
+    orders = [order(n, user_id=n % 13, item_id=1) for n in range(400)]
+    publish(settings.service_url, settings.topics["orders"], keyed("orders", orders))
+    reader = make_reader(settings.service_url, {"orders": settings.topics["orders"]}, maxRowsPerBatch=100)
+    offsets, tables = read_in_batches(reader, 100)
+    assert sorted(offsets[-1]["orders"]["parts"]) == ["0", "1", "2", "3"]
+    rows = [row for table in tables for row in table.select(["partition", "key", "value"]).to_pylist()]
+    assert sorted(json.loads(r["value"])["invoiceId"] for r in rows) == list(range(400))  # each once
+    assert {r["partition"] for r in rows} == {0, 1, 2, 3}  # 400 keys (invoice ids) hashed over four partitions
+    by_partition: dict[int, list[int]] = {}
+    for r in rows:
+        by_partition.setdefault(r["partition"], []).append(json.loads(r["value"])["invoiceId"])
+    assert all(ids == sorted(ids) for ids in by_partition.values())  # each partition in publish order
+    assert len({r["partition"] for r in rows if r["key"] == "7"}) == 1  # a key stays on one partition
