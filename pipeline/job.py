@@ -320,7 +320,7 @@ def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event 
                 if any(marker in str(exc) for marker in NON_RETRYABLE):
                     if "SinkError" not in str(exc):  # Spark's own write failed; its text names no path
                         cause = next(marker for marker in NON_RETRYABLE if marker in str(exc))
-                        error = (f"{cause} while writing under {str(settings.data_dir)!r} (checkpoint, staging or "
+                        error = (f"{cause} while writing under {str(settings.data_dir)!r} (checkpoint, sinks or "
                                  "metrics); free space or fix the folder, then run the job again")
                     record("job_failed", f"job stopped: {error}", error=error)
                     raise (SinkError if "SinkError" in str(exc) else JobFailed)(error) from None
