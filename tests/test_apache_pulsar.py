@@ -204,3 +204,52 @@ def test_a_broker_restart_mid_stream_loses_and_repeats_no_order(tmp_path, unique
         assert count(settings.data_dir, "enriched") == 1000
     finally:
         broker.stop()
+
+
+@pytest.mark.e2e
+def test_token_authentication_end_to_end(tmp_path, unique_topics):
+    """Apache Pulsar with token authentication (a secret key, HS256 tokens as ``pulsar tokens
+    create`` makes them): without the token the broker and its admin API refuse; with
+    ``pulsar.auth_token`` set, ``topics`` (admin API), the producers and the job (its source's
+    readers and probes) all work. pulsar-lite has no authentication: there only the client side
+    is checked (tests/test_topics.py)."""
+    import os
+    import urllib.error
+
+    from pipeline.config import load_settings
+    from pipeline.producers import publish_records
+    from pipeline.topics import make_client
+
+    broker = ApacheBroker(tmp_path / "secured", secret_key=os.urandom(32)).start()
+    try:
+        url, topics, token = broker.service_url, unique_topics(), broker.token()
+        with pytest.raises(urllib.error.HTTPError, match="401"):
+            admin_get(broker.admin_url, "namespaces/public")
+        anonymous = pulsar.Client(url, operation_timeout_seconds=5, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+        try:
+            with pytest.raises(Exception):
+                anonymous.create_producer(topics["orders"])
+        finally:
+            anonymous.close()
+        settings = load_settings(env={"SS_PULSAR_AUTH_TOKEN": token}, cli={
+            "pulsar.service_url": url, "pulsar.admin_url": broker.admin_url, "paths.data_dir": str(tmp_path / "data"),
+            "spark.master": "local[2]", "job.trigger_interval": "500ms", "enrichment.max_wait": "0s",
+            **{f"topics.{k}": v for k, v in topics.items()}})
+        ensure_topics(settings, url)
+        client = make_client(url, token=settings["pulsar.auth_token"])
+        try:
+            publish_records(client, topics["items"], "items", [item(i) for i in range(1, 4)], checked=True)
+            publish_records(client, topics["users"], "users", [user(u) for u in range(1, 11)], checked=True)
+            publish_records(client, topics["orders"], "orders",
+                            [order(n, user_id=n % 10 + 1, item_id=n % 3 + 1) for n in range(200)], checked=True)
+        finally:
+            client.close()
+        job = JobThread(settings)
+        try:
+            wait_for(lambda: job.error or orders_done(settings.data_dir) >= 200, timeout=240, what="every order decided")
+        finally:
+            job.close()
+        assert job.error is None
+        assert count(settings.data_dir, "enriched") == 200
+    finally:
+        broker.stop()
