@@ -253,3 +253,36 @@ def test_token_authentication_end_to_end(tmp_path, unique_topics):
         assert count(settings.data_dir, "enriched") == 200
     finally:
         broker.stop()
+
+
+def test_the_restore_warning_reads_the_orders_retention_from_the_admin_api(apache_settings_factory):
+    """The restore's retention check (pipeline/savepoints.py) against the real admin API: with no
+    policy of its own the orders topic's applied retention is the broker's default, and a topic
+    policy set through the admin API (as ``pulsar-admin topicpolicies set-retention`` does) is
+    read back once the broker has applied it. pulsar-lite has no admin API: the check is skipped."""
+    from datetime import datetime, timezone
+    from pathlib import Path
+
+    from pipeline.savepoints import SavepointInfo, load_orders_retention, retention_warning
+
+    settings = apache_settings_factory()
+    ensure_topics(settings, settings.service_url)
+    taken_ms = int(datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp() * 1000)
+    info = SavepointInfo("sp1", 3, "2026-01-01T00:00:00Z", 0, Path("unused"))
+    default = load_orders_retention(settings)
+    assert default is not None and default["retentionTimeInMinutes"] == 0  # Apache Pulsar's default: none once read
+    assert "keeps messages for no time at all once read" in retention_warning(settings, info, taken_ms + 60_000)
+
+    orders = "persistent/" + settings.topics["orders"].removeprefix("persistent://")
+    request = urllib.request.Request(f"{settings.admin_url}/admin/v2/{orders}/retention", method="POST",
+                                     data=json.dumps({"retentionTimeInMinutes": 60, "retentionSizeInMB": -1}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10):
+        pass
+    wait_for(lambda: (load_orders_retention(settings) or {}).get("retentionTimeInMinutes") == 60, timeout=30,
+             what="the topic policy applied")
+    assert retention_warning(settings, info, taken_ms + (3 * 60 + 5) * 60_000) == (
+        f"savepoint 'sp1' is 3h 5m old but {settings.topics['orders']!r} keeps messages for 1h: orders published "
+        "after the savepoint may be gone and will not be enriched; give the orders topic a retention longer than "
+        "your oldest savepoint")
+    assert retention_warning(settings, info, taken_ms + 30 * 60_000) is None
