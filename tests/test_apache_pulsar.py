@@ -286,3 +286,32 @@ def test_the_restore_warning_reads_the_orders_retention_from_the_admin_api(apach
         "after the savepoint may be gone and will not be enriched; give the orders topic a retention longer than "
         "your oldest savepoint")
     assert retention_warning(settings, info, taken_ms + 30 * 60_000) is None
+
+
+@pytest.mark.e2e
+def test_a_partition_added_while_the_job_runs_is_read_from_its_start(apache_settings_factory):
+    """Orders on two partitions, then two more partitions added through the admin API while the
+    job runs (Apache Pulsar only: pulsar-lite has no admin API): the source lists partitions again
+    at most every 10 s and reads the new ones from their first message; every order once."""
+    settings = apache_settings_factory(enrichment__max_wait="0s")
+    url, topics = settings.service_url, settings.topics
+    ensure_topics(settings, url, partitions=2)
+    publish(url, topics["items"], keyed("items", [item(i) for i in range(1, 6)]))
+    publish(url, topics["users"], keyed("users", [user(u) for u in range(1, 21)]))
+    publish(url, topics["orders"], keyed("orders", [order(n, n % 20 + 1, n % 5 + 1) for n in range(200)]))
+    job = JobThread(settings)
+    try:
+        wait_for(lambda: job.error or orders_done(settings.data_dir) >= 200, timeout=240, what="the first orders")
+        orders = "persistent/" + topics["orders"].removeprefix("persistent://")
+        request = urllib.request.Request(f"{settings.admin_url}/admin/v2/{orders}/partitions", method="POST",
+                                         data=b"4", headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10):
+            pass
+        publish(url, topics["orders"], keyed("orders", [order(n, n % 20 + 1, n % 5 + 1) for n in range(200, 600)]))
+        assert all(probes.newest_entry(url, topics["orders"], p)[0] for p in ("2", "3"))  # the new ones got orders
+        wait_for(lambda: job.error or orders_done(settings.data_dir) >= 600, timeout=180, what="the orders on four partitions")
+    finally:
+        job.close()
+    assert job.error is None
+    decided = sink_invoices(settings.data_dir, "enriched") + sink_invoices(settings.data_dir, "missing_state")
+    assert sorted(decided) == list(range(600)) and count(settings.data_dir, "enriched") == 600
