@@ -150,11 +150,14 @@ def _commit(batch_id: int):
 def version_for_batch(table, batch_id: int) -> int | None:
     """The newest version of ``table`` whose transaction version is <= ``batch_id`` (an
     optimize or vacuum after that batch's commit counts as it), or None if every version in
-    the log holds a later batch. Reads the log's commit infos newest first."""
+    the log holds a later batch. Reads the log's commit infos newest first; when the log was
+    cleaned up before the answer's own commit, the version just before the oldest commit of a
+    later batch (whose files the caller checks still load)."""
     limit = 64
     while True:
         history = table.history(limit)  # newest first
         newest_unlabelled = None  # the newest optimize/vacuum version since the last labelled commit
+        oldest_later = None  # the oldest commit seen of a batch after batch_id
         for commit in history:
             label = commit.get(BATCH_KEY)
             if label is None:
@@ -163,9 +166,10 @@ def version_for_batch(table, batch_id: int) -> int | None:
                 continue
             if int(label) <= batch_id:
                 return newest_unlabelled if newest_unlabelled is not None else commit["version"]
-            newest_unlabelled = None
+            newest_unlabelled, oldest_later = None, commit["version"]
         if len(history) < limit or (history and history[-1]["version"] == 0):
-            return None
+            oldest = history[-1]["version"] if history else 0
+            return oldest_later - 1 if oldest > 0 and oldest_later is not None and oldest_later > 0 else None
         limit *= 4
 
 
@@ -262,9 +266,11 @@ class DeltaSinks:
                     ", ".join(sorted(ahead)), last_committed)
         return self.rollback(last_committed)
 
-    def maintain(self, compact: bool = True, retention_s: float | None = None) -> dict[str, dict]:
+    def maintain(self, compact: bool = True, retention_s: float | None = None,
+                 log_retention_s: float | None = None) -> dict[str, dict]:
         """Compact each table's small files, then vacuum the files no version within
-        ``retention_s`` needs (None: no vacuum), and drop expired log entries. Safe while
+        ``retention_s`` needs (None: no vacuum), and drop log entries older than
+        ``log_retention_s`` (default ``retention_s``; at least an hour). Safe while
         batches commit (Delta's optimistic concurrency), and after a kill at any point:
         files a killed optimize wrote are in no commit, and a later vacuum removes them."""
         from deltalake import WriterProperties
@@ -280,10 +286,21 @@ class DeltaSinks:
                 facts["files_removed"] = metrics.get("numFilesRemoved", 0)
                 facts["files_added"] = metrics.get("numFilesAdded", 0)
             if retention_s is not None:
+                hours = max(0, math.ceil(retention_s / 3600))
                 table = open_table(path)
-                removed = table.vacuum(retention_hours=max(0, math.ceil(retention_s / 3600)), dry_run=False,
-                                       enforce_retention_duration=False)
+                removed = table.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False)
                 facts["files_vacuumed"] = len(removed)
+                # One JSON per commit would otherwise pile up for Delta's default 30 days; the
+                # checkpoint keeps the transaction versions. At least an hour, so that a reader
+                # loading the table never loses a log file under it.
+                table = open_table(path)
+                log_hours = max(1, math.ceil((retention_s if log_retention_s is None else log_retention_s) / 3600))
+                wanted = f"interval {log_hours} hours"
+                if table.metadata().configuration.get("delta.logRetentionDuration") != wanted:
+                    table.alter.set_table_properties({"delta.logRetentionDuration": wanted})
+                    table = open_table(path)
+                table.create_checkpoint()
+                table.cleanup_metadata()
             done[name] = facts
         return done
 
@@ -391,8 +408,9 @@ class SinkMaintenance:
                 log.warning("cannot remove old metrics files (the next round tries again): %s", exc)
         started = time.monotonic()
         retention = vacuum_retention_s(self.data_dir, self.retention_s)
-        try:
-            done = self.writer.maintain(compact=True, retention_s=retention)
+        try:  # the log only as far back as a savepoint needs it (or an hour)
+            done = self.writer.maintain(compact=True, retention_s=retention,
+                                        log_retention_s=vacuum_retention_s(self.data_dir, 0))
         except Exception as exc:  # never fatal: the batches go on, the next round tries again
             log.warning("sink compaction or vacuum failed (the next round tries again): %s", exc)
             if self.record:

@@ -89,6 +89,12 @@ def test_compaction_bounds_the_files_and_vacuum_removes_the_replaced_ones(tmp_pa
     assert data_files(tmp_path) == 41
     done = writer.maintain(compact=True, retention_s=0)
     assert done["dead_letter"]["files_vacuumed"] == 40 and data_files(tmp_path) == 1 and ids(tmp_path) == before
+    table = sinks.open_table(store.sink_dir(tmp_path, "dead_letter"))
+    assert table.metadata().configuration["delta.logRetentionDuration"] == "interval 1 hours"  # the log is kept an hour
+    writer.maintain(compact=True, retention_s=0, log_retention_s=7200)
+    table = sinks.open_table(store.sink_dir(tmp_path, "dead_letter"))
+    assert table.metadata().configuration["delta.logRetentionDuration"] == "interval 2 hours"
+    assert sinks.committed_batch(table) == 39  # the checkpoint keeps the transaction version
 
 
 def test_batches_commit_while_compaction_and_vacuum_run(tmp_path):
@@ -147,3 +153,21 @@ def test_the_schedule_records_each_round(tmp_path):
     kind, message, details = events[0]
     assert kind == "sinks_maintained" and "5 files into 1" in message and details["sinks"]["dead_letter"]["files_vacuumed"] == 5
     assert len(sinks.sink_files(tmp_path, "dead_letter")) == 1 and len(ids(tmp_path)) == 10
+
+
+def test_a_restore_finds_its_version_after_the_log_was_cleaned_up(tmp_path):
+    """Old log entries go (metrics.retention-like log cleanup); a batch whose own commit is gone
+    from the log is found as the version just before the next batch's commit."""
+    writer = sinks.SinkWriter(tmp_path)
+    for batch in range(10):
+        writer.commit_batch(dead_letters(batch), batch)
+    table = sinks.open_table(store.sink_dir(tmp_path, "dead_letter"))
+    table.alter.set_table_properties({"delta.logRetentionDuration": "interval 0 hours"})
+    table = sinks.open_table(store.sink_dir(tmp_path, "dead_letter"))
+    table.create_checkpoint()
+    table.cleanup_metadata()
+    for batch in (20, 21):
+        writer.commit_batch(dead_letters(batch), batch)
+    writer.rollback(15)  # a savepoint at batch 15: batches 0-9 stay, 20 and 21 go
+    assert ids(tmp_path) == sorted(f"m{b}-{i}" for b in range(10) for i in range(2))
+    assert writer.committed_batches()["dead_letter"] == 15
