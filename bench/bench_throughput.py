@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
-from bench.common import guard, table_records  # noqa: E402  (also puts tests/ on sys.path)
+from bench.common import BenchError, guard, table_records  # noqa: E402  (also puts tests/ on sys.path)
 from pipeline import wire  # noqa: E402
 from pipeline.broker import EmbeddedBroker  # noqa: E402
 from pipeline.config import load_settings  # noqa: E402
@@ -54,19 +54,55 @@ from pipeline.topics import make_client  # noqa: E402
 RESULTS = ROOT / "bench" / "results" / "throughput.json"
 
 
-def load_topics(url: str, topics: dict, tables: dict) -> dict:
-    """Publish each kind's table to its topic (``topics``: kind -> topic, in publishing order)."""
+def load_topics(url: str, topics: dict, tables: dict, batching: bool = True) -> dict:
+    """Publish each kind's table to its topic (``topics``: kind -> topic, in publishing order):
+    batched as our producers do, or, with ``batching=False``, as pulsar-client does by default
+    (every message an entry of its own; bench_backlog.py)."""
     client = make_client(url)
     counts = {}
     try:
         for kind, topic in topics.items():
             started = time.perf_counter()
-            stats = publish_records(client, topic, kind, table_records(tables[kind]))
-            counts[kind] = stats.sent
-            print(f"published {stats.sent:,} {kind} in {time.perf_counter() - started:.1f}s", flush=True)
+            if batching:
+                counts[kind] = publish_records(client, topic, kind, table_records(tables[kind])).sent
+            else:
+                counts[kind] = publish_unbatched(client, topic, kind, table_records(tables[kind]))
+            print(f"published {counts[kind]:,} {kind} ({'batched' if batching else 'unbatched'}) "
+                  f"in {time.perf_counter() - started:.1f}s", flush=True)
     finally:
         client.close()
     return counts
+
+
+def publish_unbatched(client, topic: str, kind: str, records) -> int:
+    """Send ``records`` with pulsar-client's default producer (no batching) and ``send_async``,
+    waiting when its queue is full; returns the count, once every message is acknowledged.
+    Each record is checked with ``wire.parse_record`` first, as ``publish_records`` does."""
+    import pulsar
+
+    acked, refused = threading.Semaphore(0), []
+
+    def on_ack(result, _message_id) -> None:  # on the client's I/O thread
+        if result != pulsar.Result.Ok:
+            refused.append(str(result))
+        acked.release()
+
+    producer = client.create_producer(topic, block_if_queue_full=True)
+    sent = 0
+    try:
+        for raw in records:
+            record = wire.parse_record(kind, raw)
+            producer.send_async(wire.encode(record), on_ack, partition_key=wire.message_key(kind, record))
+            sent += 1
+        producer.flush()
+        for _ in range(sent):
+            if not acked.acquire(timeout=60):
+                raise BenchError(f"{topic}: no acknowledgement for 60 s, {sent:,} messages sent")
+    finally:
+        producer.close()
+    if refused:
+        raise BenchError(f"{topic}: the broker refused {len(refused):,} of {sent:,} messages, e.g. {refused[0]}")
+    return sent
 
 
 def python_baseline(url: str, topics: dict, orders: int) -> dict:

@@ -58,6 +58,11 @@ def machine() -> dict:
             "load_average": [round(x, 2) for x in os.getloadavg()]}
 
 
+def load_average() -> list[float]:
+    """The 1-, 5- and 15-minute load averages now, to record beside a figure."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
 def bench_topics(tag: str) -> dict[str, str]:
     return {kind: f"persistent://public/default/bench-{tag}-{kind}" for kind in TOPIC_KINDS}
 

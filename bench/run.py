@@ -18,8 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
-from bench import (bench_console, bench_event_time, bench_latency, bench_reader_stalls, bench_recovery,  # noqa: E402
-                   bench_sql, bench_startup, bench_state, bench_throughput)
+from bench import (bench_backlog, bench_console, bench_event_time, bench_latency, bench_reader_stalls,  # noqa: E402
+                   bench_recovery, bench_sql, bench_startup, bench_state, bench_throughput)
 from bench.common import RESULTS_DIR, machine, now_utc  # noqa: E402
 
 LATEST = RESULTS_DIR / "latest.json"
@@ -28,6 +28,7 @@ LATEST_MD = RESULTS_DIR / "latest.md"
 # name -> (module, arguments): the scale of every figure, in one place.
 BENCHES = {
     "throughput": (bench_throughput, ["--users", "1000000", "--items", "10000", "--orders", "2000000"]),
+    "backlog": (bench_backlog, ["--orders", "1000000", "--users", "200000", "--items", "2000"]),
     "latency": (bench_latency, []),
     "recovery": (bench_recovery, []),
     "startup": (bench_startup, []),
@@ -82,6 +83,19 @@ def figure_rows(results: dict) -> list[tuple[str, str, str, str]]:
         rows.append(("throughput, job loading the users as it goes (orders/s)",
                      _f(t["job_changelogs_interleaved"]["orders_per_s"], ",.0f"),
                      f"with the users in state {_f(t['job']['orders_per_s'], ',.0f')}", _f(t["interleaved_vs_job"])))
+    backlog = results.get("backlog", {})
+    if isinstance(backlog.get("unbatched"), dict) and isinstance(backlog.get("batched"), dict):
+        unbatched, batched = backlog["unbatched"], backlog["batched"]
+        label = f"backlog of {backlog['workload']['orders']:,} orders, unbatched: orders/s drained (target >= 0.5, aim 0.8)"
+        if "error" in unbatched:
+            value = (f"did not drain: {unbatched['enriched'] + unbatched['missing']:,} orders decided, then "
+                     f"{unbatched['error'][:60]}{_load(unbatched)}")
+        else:
+            value = (_f(unbatched["orders_per_s"], ",.0f") + _load(unbatched)
+                     + ("" if unbatched["exactly_once"] else " (NOT every order exactly once)"))
+        rows.append((label, value, f"same backlog batched {_f(batched['orders_per_s'], ',.0f')}{_load(batched)}"
+                     + ("" if "error" not in batched else f" (did not drain: {batched['error'][:60]})"),
+                     _f(backlog["unbatched_vs_batched"])))
     for r in results.get("latency", {}).get("rates", []):
         label = f"latency at {r['rate']:,}/s, p50 / p99"
         if "skipped" in r:
