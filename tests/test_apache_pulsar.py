@@ -339,3 +339,36 @@ def test_a_partition_added_while_the_job_runs_is_read_from_its_start(apache_sett
     assert job.error is None
     decided = sink_invoices(settings.data_dir, "enriched") + sink_invoices(settings.data_dir, "missing_state")
     assert sorted(decided) == list(range(600)) and count(settings.data_dir, "enriched") == 600
+
+
+@pytest.mark.e2e
+def test_kill_9_of_the_job_loses_and_repeats_no_order_and_leaves_no_subscription(apache_settings_factory, tmp_path):
+    """The job as a real process, killed with SIGKILL mid-stream and started again: every order
+    decided once. On Apache Pulsar a subscription outlives its consumer and holds the topic's
+    messages (pulsar-lite keeps everything anyway): the job's readers are non-durable and its
+    newest-entry probes unsubscribe at once, so at most the probe a kill cut short (one per
+    topic) may be left behind."""
+    from jobproc import JobProcess
+
+    settings = apache_settings_factory(enrichment__max_wait="0s", job__max_rows_per_batch=200)
+    url, topics = settings.service_url, settings.topics
+    publish(url, topics["items"], keyed("items", [item(i) for i in range(1, 6)]))
+    publish(url, topics["users"], keyed("users", [user(u) for u in range(1, 51)]))
+    publish(url, topics["orders"], keyed("orders", [order(n, n % 50 + 1, n % 5 + 1) for n in range(1500)]),
+            batching=False)
+    job = JobProcess(settings, tmp_path / "job1.log")
+    try:
+        wait_for(lambda: orders_done(settings.data_dir) >= 200, timeout=240, what="some orders decided")
+    finally:
+        job.kill9()
+    publish(url, topics["orders"], keyed("orders", [order(n, n % 50 + 1, n % 5 + 1) for n in range(1500, 2000)]))
+    job = JobProcess(settings, tmp_path / "job2.log")
+    try:
+        wait_for(lambda: orders_done(settings.data_dir) >= 2000, timeout=240, what="every order decided")
+    finally:
+        job.stop()
+    decided = sink_invoices(settings.data_dir, "enriched") + sink_invoices(settings.data_dir, "missing_state")
+    assert sorted(decided) == list(range(2000)) and count(settings.data_dir, "enriched") == 2000
+    for topic in topics.values():
+        subscriptions = admin_get(settings.admin_url, "persistent/" + topic.removeprefix("persistent://") + "/subscriptions")
+        assert len(subscriptions) <= 1 and all(name.startswith("ss-probe-") for name in subscriptions), subscriptions
