@@ -54,3 +54,22 @@ def test_split_range_keeps_the_range_whole_without_ids():
     rng = off.Range("orders", "-1", 0, "earliest", 0, "0:25:-1:-1", 25)
     assert off.split_range(rng, lambda n: None, 10) == [rng]
     assert off.split_range(rng, lambda n: "x", 100) == [rng]
+
+
+def test_planning_walks_the_ledgers_reads_found_and_stops_at_one_not_known():
+    newest = "3:9:-1:-1"
+    # the first ledger not known (no probe yet): earlier ledgers ride with the newest one's entries
+    assert off.plan_entries("earliest", newest) == [off.Segment(3, 0, 10)]
+    known = {"ends": {"-1": -1, "0": 49_999, "2": 7}, "next": {"-1": 0, "0": 2, "2": 3}}
+    assert off.plan_entries("earliest", newest, known) == [off.Segment(0, 0, 50_000), off.Segment(2, 0, 8),
+                                                          off.Segment(3, 0, 10)]
+    assert off.plan_entries("0:49999:-1:-1", newest, known) == [off.Segment(2, 0, 8), off.Segment(3, 0, 10)]
+    assert off.plan_entries("2:3:-1:-1", newest, known) == [off.Segment(2, 4, 4), off.Segment(3, 0, 10)]
+    assert off.plan_entries("2:3:-1:1", newest, known)[0] == off.Segment(2, 3, 5)  # the rest of entry 3
+    # a ledger whose end no read has found yet is open, and nothing after it is planned
+    assert off.plan_entries("0:10:-1:-1", newest, {"ends": {}, "next": {}}) == [off.Segment(0, 11, off.OPEN_LEDGER)]
+    # a range planned before a broker's first ledger (Apache Pulsar's are not 0) found it: jump there
+    assert off.plan_entries("0:99:-1:-1", newest, {"ends": {"-1": -1}, "next": {"-1": 3}}) == [off.Segment(3, 0, 10)]
+    segments = off.plan_entries("earliest", newest, known)
+    assert off.available_entries(segments) == 50_018
+    assert off.end_after(segments, 50_000) == (0, 49_999) and off.end_after(segments, 50_001) == (2, 0)

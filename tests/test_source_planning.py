@@ -216,3 +216,27 @@ def test_an_idle_partition_gets_a_heartbeat_once_per_time_and_a_row_of_its_own(t
     (row,) = [r for piece in pieces[:1] for batch in reader.read(piece) for r in batch.to_pylist()]
     assert (row["kind"], row["event_time"], row["key"], row["value"]) == ("heartbeat", 5_000, None, None)
     assert reader.partitions(end, end) == []  # re-planned after a crash: the same (no) rows
+
+
+def test_batches_keep_their_cap_across_a_ledger_the_broker_rolled(broker, unique_topics, tmp_path):
+    """pulsar-lite starts a new ledger every 50,000 entries (Apache Pulsar by size and time), and
+    an id does not say where the earlier ledger ended: the planner learns it from the reads, so an
+    unbatched backlog over two ledgers still goes in batches of the cap, each message once."""
+    topics = unique_topics()
+    total = 60_000
+    publish(broker.service_url, topics["orders"], keyed("orders", [order(n, 1, 1) for n in range(total)]), batching=False)
+    newest = off.Position.parse(last_entry_id(broker.service_url, topics["orders"], "-1"))
+    assert newest.ledger > 0  # the broker did roll a ledger
+    reader = make_reader(broker.service_url, {"orders": topics["orders"]}, maxRowsPerBatch=20_000,
+                         statsDir=str(tmp_path / "stats"))
+    offsets, sizes = [reader.initialOffset()], []
+    while len(offsets) < 20:
+        end = reader.latestOffset(offsets[-1], reader.getDefaultReadLimit())
+        if end == offsets[-1]:
+            break
+        table = read_batch(reader, offsets[-1], end)
+        sizes.append(table.num_rows)
+        assert invoices(table) == list(range(sum(sizes[:-1]), sum(sizes)))  # in order, none twice, none skipped
+        offsets.append(end)
+    assert sum(sizes) == total and max(sizes) <= 20_000, sizes
+    assert len(sizes) <= total // 20_000 + 3  # batches near the cap (a cold first one, one at the ledger's end)

@@ -92,6 +92,7 @@ from pipeline.source import reader as rd
 log = logging.getLogger(__name__)
 PARTITION_REFRESH_S = 10.0
 SPLIT_ROWS = 10_000  # a partition's messages in one batch are read (and parsed) in pieces of about this
+MAX_PROBES = 3  # probes for a partition's first ledger before it is read without knowing it
 SHARE_AFTER = 10  # batches the changelogs may fill in a row before the other kinds get a share
 
 
@@ -170,6 +171,14 @@ class HeartbeatPartition(InputPartition):
         self.kind, self.partition, self.beat_ms = kind, partition, int(beat_ms)
 
 
+class ProbePartition(InputPartition):
+    """A read task that finds which ledger a partition's first message is in, and yields no row."""
+
+    def __init__(self, kind: str, topic: str, partition: str):
+        super().__init__(("probe", kind, partition))
+        self.kind, self.topic, self.partition = kind, topic, partition
+
+
 class PulsarStreamReader(DataSourceStreamReader):
     """Plans batches on the driver (newest entry ids) and reads them on executors (read_range)."""
 
@@ -243,8 +252,10 @@ class PulsarStreamReader(DataSourceStreamReader):
         # Changelogs being replayed share fairly with the orders (README "Replay").
         first = {kind for kind in self.changelogs if off.replay_finished(offset[kind])}
         available: dict[str, int] = {}
-        firsts: dict[str, tuple[int, int]] = {}
+        spans: dict[str, list[off.Segment]] = {}
         newest_sizes: dict[str, int | None] = {}
+        ledgers = planning.read_ledgers(self.stats_dir)
+        probes_due: list[tuple[str, str]] = []
         # The others' newest entries are asked before the changelogs': every message a batch
         # admits from them was published before the changelog entries it is planned with.
         for kind in sorted(offset, key=lambda k: (k in first, k)):
@@ -254,12 +265,17 @@ class PulsarStreamReader(DataSourceStreamReader):
             for p, part in topic_offset["parts"].items():
                 last, newest_sizes[f"{kind}\x00{p}"] = probes.newest_entry(self.service_url, self.topics[kind], p)
                 try:
-                    ledger, first_entry, count = off.plan_entries(part["id"], last)
+                    span = off.plan_entries(part["id"], last, ledgers.get((kind, p)))
                 except ValueError as exc:
                     raise SourceError(f"{self.topics[kind]!r} partition {p}: {exc}") from None
                 key = f"{kind}\x00{p}"
-                available[key], firsts[key] = count, (ledger, first_entry)
-                self._latest[(kind, p)] = (topic_offset["gen"], part["n"] + count, last or part["id"])
+                if self._needs_probe(part, last, ledgers.get((kind, p))):
+                    probes_due.append((kind, p))
+                    span = []  # nothing of it is admitted before its first ledger is known
+                available[key], spans[key] = off.available_entries(span), span
+                # the backlog shown counts the entries known (an open ledger's are not yet)
+                known = sum(segment.count for segment in span if segment.count != off.OPEN_LEDGER)
+                self._latest[(kind, p)] = (topic_offset["gen"], part["n"] + known, last or part["id"])
         samples = planning.read_sizes(self.stats_dir)
         sizes = {key: samples.get(tuple(key.split("\x00"))) or planning.cold_size(newest_sizes[key]) for key in available}
         self._sizes.update({tuple(key.split("\x00")): size for key, size in sizes.items()})
@@ -270,18 +286,22 @@ class PulsarStreamReader(DataSourceStreamReader):
             cost = {key: size.cost(max_rows, self.max_bytes) for key, size in sizes.items()}
             plan = planning.plan_batch(available, cost, {key for key in available if key.split("\x00")[0] in first},
                                        held_for, self.share_after)
+        if any(kind in first for kind, _ in probes_due):  # a changelog not planned yet: orders wait for it
+            plan = planning.Plan({key: grant if key.split("\x00")[0] in first else 0 for key, grant in plan.grants.items()},
+                                 held_for, False)
         end = json.loads(json.dumps(offset))
         beats = self._heartbeats(end)
-        if not any(plan.grants.values()):
-            return end if beats else offset  # nothing to read or beat: the same offset, so Spark runs no batch
+        for kind, p in probes_due:
+            end[kind]["parts"][p]["probe"] = end[kind]["parts"][p].get("probe", 0) + 1
+        if not (any(plan.grants.values()) or beats or probes_due):
+            return offset  # nothing to read, beat or probe: the same offset, so Spark runs no batch
         admitted = {kind: {"entries": 0, "messages": 0, "bytes": 0} for kind in end}
         for key, grant in plan.grants.items():
             if grant:
                 kind, p = key.split("\x00")
-                ledger, first_entry = firsts[key]
                 part = end[kind]["parts"][p]
                 part["n"] += grant
-                part["id"] = off.entry_end(ledger, first_entry + grant - 1, p)
+                part["id"] = off.entry_end(*off.end_after(spans[key], grant), p)
                 admitted[kind]["entries"] += grant
                 admitted[kind]["messages"] += round(grant * sizes[key].messages)
                 admitted[kind]["bytes"] += round(grant * sizes[key].bytes)
@@ -300,6 +320,14 @@ class PulsarStreamReader(DataSourceStreamReader):
             topic = latest.setdefault(kind, {"gen": gen, "parts": {}})
             topic["parts"][p] = {"n": n, "id": last}
         return latest
+
+    def _needs_probe(self, part: dict, last: str | None, ledgers: dict | None) -> bool:
+        """Whether a partition read from its start needs a probe for its first ledger first
+        (``ProbePartition``): an id says nothing of where earlier ledgers are, and pulsar-lite's
+        and Apache Pulsar's ledger ids are the broker's, not the topic's. Without a place to
+        record what the probe finds, or after a few probes that found nothing, it goes without."""
+        return (bool(self.stats_dir) and last is not None and part["id"] == off.EARLIEST
+                and -1 not in {int(k) for k in (ledgers or {}).get("next", {})} and part.get("probe", 0) < MAX_PROBES)
 
     def _heartbeats(self, offset: dict) -> int:
         """Advance, in ``offset``, the heartbeat of each idle partition the heartbeat file names
@@ -354,10 +382,14 @@ class PulsarStreamReader(DataSourceStreamReader):
             per_entry = (sizes.get((rng.topic, rng.partition)) or planning.cold_size(None)).messages
             split_entries = max(1, int(self.split_rows / max(per_entry, 1.0)))
             pieces.extend(off.split_range(rng, off.entry_id_at(rng), split_entries))
+        starts = {(kind, p): part for kind, topic_start in (start or {}).items() for p, part in topic_start["parts"].items()}
+        probing = [ProbePartition(kind, self.topics[kind], p) for kind, topic_end in end.items()
+                   for p, part in topic_end["parts"].items()
+                   if part.get("probe", 0) != starts.get((kind, p), {}).get("probe", 0)]
         beats = [HeartbeatPartition(kind, p, part["beat_ms"]) for kind, topic_end in end.items()
                  for p, part in topic_end["parts"].items()
                  if "beat_ms" in part and part["beat_ms"] != ((start or {}).get(kind, {}).get("parts", {}).get(p) or {}).get("beat_ms")]
-        return [PulsarPartition(r.topic, self.topics[r.topic], r) for r in pieces] + beats
+        return [PulsarPartition(r.topic, self.topics[r.topic], r) for r in pieces] + beats + probing
 
     def commit(self, end: dict) -> None:
         """Nothing to acknowledge: readers are non-durable, and retention keeps the changelogs."""
@@ -367,6 +399,10 @@ class PulsarStreamReader(DataSourceStreamReader):
 
     # ------------------------------------------------------------------ executor side
     def read(self, partition):
+        if isinstance(partition, ProbePartition):
+            planning.record_ledgers(self.stats_dir, partition.kind, partition.partition,
+                                    rd.probe_first_ledger(self.service_url, partition.topic, partition.partition))
+            return
         if isinstance(partition, HeartbeatPartition):
             beat = rd.heartbeat_row(partition.partition, partition.beat_ms)
             transform = load_transform(self.transform, self.transform_args)
@@ -380,10 +416,12 @@ class PulsarStreamReader(DataSourceStreamReader):
                 read[1] += batch.nbytes
                 yield batch
         rng = partition.rng
-        batches = counted(rd.read_range(self.service_url, partition.topic, partition.kind, rng))
+        found = rd.LedgerFacts()  # where ledgers end, as this read meets them
+        batches = counted(rd.read_range(self.service_url, partition.topic, partition.kind, rng, ledgers=found))
         transform = load_transform(self.transform, self.transform_args)
         yield from transform(batches) if transform else batches
-        planning.record_read(self.stats_dir, partition.kind, rng.partition, rng.count, *read)
+        planning.record_read(self.stats_dir, partition.kind, rng.partition, found.entries, *read)
+        planning.record_ledgers(self.stats_dir, partition.kind, rng.partition, found)
         # The worker lives on and reads the next task: hand this one's messages back.
         give_back_freed_memory()
 

@@ -5,8 +5,10 @@ last message consumed: its id and its position ``n``. Spark stores offsets in it
 log, so a batch between two offsets is re-read exactly after a crash.
 
 Batches end on whole broker *entries*: the driver plans a batch from the id of each partition's
-newest entry alone (one ``get_last_message_id``) and never reads a message. So ``n`` counts
-entries of this generation, not messages: a batching producer puts many messages in one entry
+newest entry alone (one ``get_last_message_id``) and what earlier reads found out about the
+partition's ledgers (:func:`plan_entries`), and never reads a message. So ``n`` counts
+entries of this generation (planned ones: a range planned past the end of a ledger not known yet
+holds fewer), not messages: a batching producer puts many messages in one entry
 (pulsar-client's defaults: up to 1,000 messages or 128 KB), an unbatched one puts one. The
 messages a batch read are counted where they are read (the job's observed metrics), not here.
 
@@ -75,31 +77,80 @@ def through(text: str) -> tuple[int, int, int]:
     return BEFORE_ALL if text == EARLIEST else Position.parse(text).through
 
 
-def plan_entries(start_id: str, last_id: str | None) -> tuple[int, int, int]:
-    """What a partition holds after ``start_id`` when its newest entry is ``last_id``:
-    ``(ledger, first_entry, available)``; the k-th entry available (1-based) is
-    ``ledger:first_entry + k - 1``.
+# Entries an unknown ledger is planned as: a batch takes what its caps allow of it, and a read
+# of a range that ends past the ledger's real end stops at it (reads are bounded by ids).
+OPEN_LEDGER = 1 << 40
 
-    Exact within one ledger (pulsar-lite keeps one per topic). When the newest entry is in a
-    later ledger than the start (Apache Pulsar rolls ledgers), the rest of the earlier ledgers
-    cannot be counted without reading them: they ride along, uncounted, with the first entry
-    planned (a read is bounded by ids, so it still reads them exactly once).
+
+@dataclass(frozen=True)
+class Segment:
+    """Entries of one ledger a partition holds after a start: ``first`` to ``first + count - 1``
+    (``count`` is :data:`OPEN_LEDGER` where the ledger's end is not known yet)."""
+
+    ledger: int
+    first: int
+    count: int
+
+
+def plan_entries(start_id: str, last_id: str | None, ledgers: dict | None = None) -> list[Segment]:
+    """What a partition holds after ``start_id`` when its newest entry is ``last_id``: its entries
+    ledger by ledger, in order ([] when it holds nothing).
+
+    Exact within the newest ledger. A broker starts a new ledger now and then (pulsar-lite every
+    50,000 entries, Apache Pulsar by size and time), and an id says nothing of where an earlier
+    ledger ended, so earlier ledgers are counted from what reads found (``ledgers``: ``{"ends":
+    {ledger: last entry}, "next": {ledger: the ledger after it}}``, ledger -1 being the place
+    before the first, as :func:`pipeline.source.planning.record_ledgers` keeps them). The walk
+    stops at the first ledger whose end is not known yet: it is one open segment, so a batch never
+    admits past it, and the read that reaches its end records it for the next batch. Which ledger
+    is a partition's first is found by a probe (``datasource.ProbePartition``) before its first
+    batch; without one, the ledgers before the newest ride uncounted with its entries.
     """
     if last_id is None:
-        return (0, 0, 0)
+        return []
     last = Position.parse(last_id)
+    ends = {int(k): int(v) for k, v in ((ledgers or {}).get("ends") or {}).items()}
+    following = {int(k): int(v) for k, v in ((ledgers or {}).get("next") or {}).items()}
     if start_id == EARLIEST:
-        first = 0
+        ledger, first = -1, 0
     else:
         start = Position.parse(start_id)
         if (start.ledger, start.entry) > (last.ledger, last.entry):
             raise ValueError(f"position {start_id!r} is past the newest entry {last_id!r}; "
                              "was the topic truncated or recreated?")
-        if start.ledger < last.ledger:
-            first = 0
-        else:  # a start inside an entry (a batch index) leaves the rest of that entry to read
-            first = start.entry if start.batch >= 0 else start.entry + 1
-    return (last.ledger, first, max(0, last.entry - first + 1))
+        # a start inside an entry (a batch index) leaves the rest of that entry to read
+        ledger, first = start.ledger, (start.entry if start.batch >= 0 else start.entry + 1)
+    segments = []
+    if ledger == -1 and -1 not in following:
+        # which ledger comes first is not known (a probe finds it, datasource.py): the earlier
+        # ledgers, if any, ride uncounted with the newest one's entries
+        ledger = last.ledger
+    while ledger < last.ledger:
+        if ledger not in following and -1 in following and ledger < following[-1]:
+            ledger, first = following[-1], 0  # a start before the first ledger (a range that found none)
+            continue
+        if ledger not in following:
+            segments.append(Segment(ledger, first, OPEN_LEDGER))
+            return segments
+        if ledger >= 0 and ends.get(ledger, -1) >= first:
+            segments.append(Segment(ledger, first, ends[ledger] - first + 1))
+        ledger, first = following[ledger], 0
+    if ledger == last.ledger and last.entry >= first:
+        segments.append(Segment(ledger, first, last.entry - first + 1))
+    return segments
+
+
+def available_entries(segments: list[Segment]) -> int:
+    return sum(segment.count for segment in segments)
+
+
+def end_after(segments: list[Segment], grant: int) -> tuple[int, int]:
+    """(ledger, entry) of the ``grant``-th entry of ``segments`` (1-based)."""
+    for segment in segments:
+        if grant <= segment.count:
+            return segment.ledger, segment.first + grant - 1
+        grant -= segment.count
+    raise ValueError("grant past the segments")
 
 
 def entry_end(ledger: int, entry: int, partition: str) -> str:
@@ -169,10 +220,10 @@ def entry_id_at(rng: Range):
     """``id_at(n)`` for :func:`split_range` from entry arithmetic: the end of the entry at
     position n of a range that ends on a whole entry (None where that is not known).
 
-    Only a range that starts after a known id in the ledger of its end is cut: entries of
-    earlier ledgers ride uncounted with the first entry planned (:func:`plan_entries`; from
-    earliest there may be any number of them), and a read numbers every entry it meets, so a
-    cut there could give two pieces the same positions and misorder a key's changes.
+    Only a range that starts after a known id in the ledger of its end is cut: a range over
+    ledgers may hold fewer entries than planned (a ledger's end is learnt by reading it,
+    :func:`plan_entries`), and a read numbers every entry it meets, so a cut there could give
+    two pieces the same positions and misorder a key's changes.
     """
     end = None if rng.end_id == EARLIEST else Position.parse(rng.end_id)
     whole = (end is not None and end.batch < 0 and rng.start_id != EARLIEST

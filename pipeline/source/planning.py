@@ -138,6 +138,8 @@ def read_sizes(stats_dir: str | None) -> dict[tuple[str, str], EntrySize]:
     if not stats_dir or not Path(stats_dir).is_dir():
         return sizes
     for path in Path(stats_dir).glob("*.json"):
+        if path.name.endswith(".ledgers.json"):
+            continue
         kind, _, partition = path.stem.rpartition(".")
         try:
             sample = json.loads(path.read_text())
@@ -146,3 +148,51 @@ def read_sizes(stats_dir: str | None) -> dict[tuple[str, str], EntrySize]:
         except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
             continue  # a sample being replaced, or damaged: the cold guess stands in
     return sizes
+
+
+def _ledgers_path(stats_dir: Path, kind: str, partition: str) -> Path:
+    return Path(stats_dir) / f"{kind}.{int(partition)}.ledgers.json"
+
+
+KEPT_LEDGERS = 256  # a partition's newest ledgers whose ends are kept (older ones are learnt again if replayed)
+
+
+def record_ledgers(stats_dir: str | None, kind: str, partition: str, found) -> None:
+    """Executor side: add where a read found ledgers to end (``reader.LedgerFacts``) to what the
+    partition's earlier reads found. Two reads racing lose one's facts, which a later read finds
+    again; a failed write is logged, never raised."""
+    if not stats_dir or not found.next:
+        return
+    target = _ledgers_path(Path(stats_dir), kind, partition)
+    try:
+        known = json.loads(target.read_text()) if target.is_file() else {}
+    except (OSError, ValueError):
+        known = {}
+    ends = {int(k): int(v) for k, v in (known.get("ends") or {}).items()}
+    following = {int(k): int(v) for k, v in (known.get("next") or {}).items()}
+    for ledger, entry in found.ends.items():
+        ends[ledger] = min(entry, ends.get(ledger, entry))
+    following.update(found.next)
+    kept = sorted(following)[-KEPT_LEDGERS:]
+    facts = {"ends": {str(k): ends[k] for k in kept if k in ends}, "next": {str(k): following[k] for k in kept}}
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(facts))
+        os.replace(tmp, target)
+    except OSError as exc:
+        log.warning("cannot record the ledgers of %s partition %s in %s: %s", kind, partition, stats_dir, exc)
+
+
+def read_ledgers(stats_dir: str | None) -> dict[tuple[str, str], dict]:
+    """Driver side: what reads found of each partition's ledgers ((kind, partition) -> facts)."""
+    found: dict[tuple[str, str], dict] = {}
+    if not stats_dir or not Path(stats_dir).is_dir():
+        return found
+    for path in Path(stats_dir).glob("*.ledgers.json"):
+        kind, _, partition = path.name[:-len(".ledgers.json")].rpartition(".")
+        try:
+            found[(kind, str(int(partition)))] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+    return found

@@ -142,7 +142,46 @@ def list_partitions(service_url: str, topic: str) -> list[str]:
     return [name.rsplit("-partition-", 1)[1] for name in names]
 
 
-def read_range(service_url: str, topic: str, kind: str, rng: Range, read_timeout_s: float = 60.0) -> Iterator:
+class LedgerFacts:
+    """What one read found out about its partition's ledgers, for the planner (offsets.plan_entries):
+    ``ends[L]``, an entry after which ledger L holds nothing more, and ``next[L]``, the ledger that
+    follows L (L = -1: the place before the first message); and how many entries it read."""
+
+    def __init__(self):
+        self.ends: dict[int, int] = {}
+        self.next: dict[int, int] = {}
+        self.entries = 0
+
+    def passed(self, ledger: int, entry: int, following: int) -> None:
+        self.ends[ledger] = min(entry, self.ends.get(ledger, entry))
+        self.next[ledger] = following
+
+
+def probe_first_ledger(service_url: str, topic: str, partition: str, timeout_s: float = 60.0) -> LedgerFacts:
+    """Executor side: the ledger of a partition's first message (``next[-1]``), read from its
+    id (one message, once per partition: datasource.ProbePartition); nothing found when empty."""
+    import pulsar
+
+    found = LedgerFacts()
+    client, reader = open_on_own_connection(service_url, partition_topic(topic, partition), EARLIEST, 1)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            try:
+                message = reader.read_next(1000)
+            except pulsar.Timeout:
+                if not reader.has_message_available():
+                    break
+                continue
+            found.passed(-1, -1, message.message_id().ledger_id())
+            break
+    finally:
+        close_quietly(reader, client)
+    return found
+
+
+def read_range(service_url: str, topic: str, kind: str, rng: Range, read_timeout_s: float = 60.0,
+               ledgers: LedgerFacts | None = None) -> Iterator:
     """Yield Arrow batches with exactly the messages after ``rng.start_id`` through ``rng.end_id``.
 
     An end with batch index -1 covers its whole entry (module docstring of offsets.py); the
@@ -153,7 +192,7 @@ def read_range(service_url: str, topic: str, kind: str, rng: Range, read_timeout
     #  "position": 42 << 20 | 3, "generation": 0, "key": "1001", "value": b'{…}', …}
     """
     stream = _RangeStream(service_url, partition_topic(topic, rng.partition), topic, rng.start_id, rng.end_id,
-                          rng.start_n, read_timeout_s)
+                          rng.start_n, read_timeout_s, ledgers)
     ahead: deque = deque()  # batches read but not yet handed on; see READ_AHEAD_BYTES
     ahead_bytes = 0
     try:
@@ -167,6 +206,8 @@ def read_range(service_url: str, topic: str, kind: str, rng: Range, read_timeout
                     yield ahead.popleft()
     finally:
         stream.close()
+        if ledgers is not None:
+            ledgers.entries = stream.entry_n - rng.start_n
     yield from ahead
 
 
@@ -319,7 +360,7 @@ class _RangeStream:
     STALL_S = 1.5
 
     def __init__(self, service_url: str, name: str, topic: str, start_id: str, end_id: str, start_n: int,
-                 timeout_s: float):
+                 timeout_s: float, ledgers: LedgerFacts | None = None):
         self.service_url, self.name, self.topic = service_url, name, topic
         self.start_id, self.end_id = start_id, end_id
         self.end = through(end_id)
@@ -333,6 +374,11 @@ class _RangeStream:
         self.previous_batch = 1 << 62  # the first message read starts an entry
         self.in_end_entry, self.last_index = False, self.end[2]
         self.done = start_id != EARLIEST and through(start_id) >= self.end
+        # where the read starts, as (ledger, entry): a first message in a later ledger means this
+        # one holds nothing after it (offsets.plan_entries learns ledgers' ends this way)
+        self.ledgers = ledgers if ledgers is not None else LedgerFacts()
+        start = None if start_id == EARLIEST else Position.parse(start_id)
+        self.start_place = (-1, -1) if start is None else (start.ledger, start.entry)
         self.deadline = time.monotonic() + timeout_s
         self.client, self.reader = open_on_own_connection(service_url, name, start_id, RANGE_RECEIVER_QUEUE)
 
@@ -382,6 +428,9 @@ class _RangeStream:
             batch = found.batch_index()
             if batch <= 0 or batch <= previous_batch:
                 at = found.ledger_id(), found.entry_id()
+                was = (ledger, entry) if ledger is not None else self.start_place
+                if at[0] > was[0]:  # a new ledger: the one before holds nothing after ``was``
+                    self.ledgers.passed(was[0], was[1], at[0])
                 if at > (end_ledger, end_entry):  # past the range (its end was read)
                     self.done = True
                     break
