@@ -74,9 +74,10 @@ def spark(tmp_path_factory):
 def apache_pulsar(tmp_path_factory):
     """A real Apache Pulsar standalone (3.0 LTS, from Maven Central) on free loopback ports, one
     per test session, started on first use (about 15-30 s) and stopped at the end.
-    ``make test`` fetches its jars first (``make apache-pulsar``)."""
-    from pipeline.apache_broker import ApacheBroker
+    ``make test`` fetches its jars first (``make apache-pulsar``); a bare pytest fetches them here."""
+    from pipeline.apache_broker import ApacheBroker, fetch_jars
 
+    fetch_jars()
     with ApacheBroker(tmp_path_factory.mktemp("apache-pulsar")) as running:
         yield running
 

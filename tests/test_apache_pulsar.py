@@ -69,6 +69,44 @@ def admin_get(url: str, path: str):
         return json.loads(response.read() or b"null")
 
 
+def test_the_broker_listens_on_loopback_only(apache_pulsar):
+    """Broker, web service and bookie: every socket the JVM listens on is on 127.0.0.1."""
+    import subprocess
+
+    listening = subprocess.run(["ss", "-Htlnp"], capture_output=True, text=True, check=True).stdout.splitlines()
+    mine = [line.split()[3] for line in listening if f"pid={apache_pulsar.process.pid}," in line]
+    assert len(mine) >= 3 and all(address.rsplit(":", 1)[0] in ("127.0.0.1", "[::ffff:127.0.0.1]") for address in mine), mine
+    assert {f"127.0.0.1:{apache_pulsar.broker_port}", f"127.0.0.1:{apache_pulsar.web_port}"} <= {
+        address.replace("[::ffff:127.0.0.1]", "127.0.0.1") for address in mine}
+
+
+def test_the_broker_dies_with_the_process_that_started_it(tmp_path):
+    """kill -9 of the starting process: the JVM gets SIGTERM (PR_SET_PDEATHSIG) and exits."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = ("import sys, time; from pathlib import Path; from pipeline.apache_broker import ApacheBroker; "
+              "b = ApacheBroker(Path(sys.argv[1])).start(); print(b.process.pid, flush=True); time.sleep(600)")
+    starter = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        java = int(starter.stdout.readline())
+    finally:
+        starter.send_signal(signal.SIGKILL)
+        starter.wait()
+
+    def gone() -> bool:
+        try:
+            with open(f"/proc/{java}/stat") as stat:
+                return stat.read().split(")")[-1].split()[0] == "Z"  # exited, not yet reaped
+        except OSError:
+            return True
+
+    wait_for(gone, timeout=60, what="the JVM to exit after its parent")
+    assert not os.path.exists(f"/proc/{java}") or gone()
+
+
 def test_the_newest_entry_says_how_many_messages_it_holds_and_prices_a_cold_partition(
         apache_pulsar, unique_topics, no_reads_on_the_driver):
     """We rely on Apache Pulsar's ``get_last_message_id`` naming the last message of the newest
@@ -84,13 +122,13 @@ def test_the_newest_entry_says_how_many_messages_it_holds_and_prices_a_cold_part
     end = reader.latestOffset(start, reader.getDefaultReadLimit())
     assert end["orders"]["parts"]["-1"]["n"] == 2
     assert end["orders"]["admitted"] == {"entries": 2, "messages": 8, "bytes": end["orders"]["admitted"]["bytes"]}
-    assert reader.reportLatestOffset()["orders"]["parts"]["-1"]["n"] == 21  # 20 unbatched entries and 1 batched
     no_reads_on_the_driver.undo()
     assert invoices(read_batch(reader, start, end)) == [0, 1]
 
 
-@pytest.mark.xfail(strict=True, reason="pipeline/source/planning.py cold_size prices every entry of a cold "
-                   "partition at its newest entry; on Apache Pulsar that is often a publish's short tail")
+@pytest.mark.xfail(reason="pipeline/source/planning.py cold_size prices every entry of a cold partition at "
+                   "its newest entry; on Apache Pulsar that is often a publish's short tail (drop this mark "
+                   "once the planner's fix lands)")
 def test_a_short_newest_entry_does_not_price_the_full_entries_before_it(apache_pulsar, unique_topics):
     """What a batching producer leaves: full entries, then a short one (what was left at its
     flush). Apache Pulsar's newest entry id says 1 message, and the planner prices the whole cold
@@ -106,7 +144,7 @@ def test_a_short_newest_entry_does_not_price_the_full_entries_before_it(apache_p
     reader = make_reader(url, {"orders": topic}, maxRowsPerBatch=100)
     start = reader.initialOffset()
     end = reader.latestOffset(start, reader.getDefaultReadLimit())
-    assert read_batch(reader, start, end).num_rows <= 100  # 301 today
+    assert 1 <= read_batch(reader, start, end).num_rows <= 100  # 301 with the cold pricing of HEAD 3cb6c91
 
 
 @pytest.mark.parametrize("batching", [False, True], ids=["unbatched", "batched"])
