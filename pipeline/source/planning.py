@@ -117,19 +117,23 @@ def _sample_path(stats_dir: Path, kind: str, partition: str) -> Path:
 def record_read(stats_dir: str | None, kind: str, partition: str, entries: int, messages: int, nbytes: int) -> None:
     """Executor side: what a range just read held (the newest sample of its partition wins).
 
-    ``nbytes``: the Arrow rows the source gave (payload, key, properties and ids). A failed write
-    only costs the planner its estimate, so it is logged, never raised.
+    ``nbytes``: the Arrow rows the source gave (payload, key, properties and ids).
     """
     if not stats_dir or entries <= 0 or messages <= 0:
         return
-    target = _sample_path(Path(stats_dir), kind, partition)
+    _record(_sample_path(Path(stats_dir), kind, partition), {"entries": entries, "messages": messages, "bytes": nbytes})
+
+
+def _record(target: Path, facts: dict) -> None:
+    """Write ``facts`` to ``target`` whole (a reader never sees half of it); a failure only costs
+    the planner what it would have learnt, so it is logged, never raised."""
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"entries": entries, "messages": messages, "bytes": nbytes}))
+        tmp.write_text(json.dumps(facts))
         os.replace(tmp, target)
     except OSError as exc:
-        log.warning("cannot record what %s partition %s held in %s: %s", kind, partition, stats_dir, exc)
+        log.warning("cannot record what the source read in %s: %s", target, exc)
 
 
 def read_sizes(stats_dir: str | None) -> dict[tuple[str, str], EntrySize]:
@@ -160,7 +164,7 @@ KEPT_LEDGERS = 256  # a partition's newest ledgers whose ends are kept (older on
 def record_ledgers(stats_dir: str | None, kind: str, partition: str, found) -> None:
     """Executor side: add where a read found ledgers to end (``reader.LedgerFacts``) to what the
     partition's earlier reads found. Two reads racing lose one's facts, which a later read finds
-    again; a failed write is logged, never raised."""
+    again."""
     if not stats_dir or not found.next:
         return
     target = _ledgers_path(Path(stats_dir), kind, partition)
@@ -174,14 +178,7 @@ def record_ledgers(stats_dir: str | None, kind: str, partition: str, found) -> N
         ends[ledger] = min(entry, ends.get(ledger, entry))
     following.update(found.next)
     kept = sorted(following)[-KEPT_LEDGERS:]
-    facts = {"ends": {str(k): ends[k] for k in kept if k in ends}, "next": {str(k): following[k] for k in kept}}
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(facts))
-        os.replace(tmp, target)
-    except OSError as exc:
-        log.warning("cannot record the ledgers of %s partition %s in %s: %s", kind, partition, stats_dir, exc)
+    _record(target, {"ends": {str(k): ends[k] for k in kept if k in ends}, "next": {str(k): following[k] for k in kept}})
 
 
 def read_ledgers(stats_dir: str | None) -> dict[tuple[str, str], dict]:
