@@ -45,7 +45,7 @@ sys.path[:0] = [str(ROOT)]
 from bench.common import BenchError, guard, table_records  # noqa: E402  (also puts tests/ on sys.path)
 from pipeline import wire  # noqa: E402
 from pipeline.broker import EmbeddedBroker  # noqa: E402
-from pipeline.config import load_settings  # noqa: E402
+from pipeline.config import KEYS_BY_NAME, load_settings  # noqa: E402
 from pipeline.datagen import generate  # noqa: E402
 from pipeline.metrics import read_rows  # noqa: E402
 from pipeline.producers import publish_records  # noqa: E402
@@ -301,9 +301,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--users", type=int, default=100_000)
     parser.add_argument("--items", type=int, default=2_000)
     parser.add_argument("--orders", type=int, default=200_000)
-    parser.add_argument("--max-rows", type=int, default=480,
-                        help="job.max_rows_per_batch: broker entries a batch (the producers put about 650 orders "
-                             "in an entry, so 480 is about 300k orders)")
+    parser.add_argument("--max-rows", type=int, default=KEYS_BY_NAME["job.max_rows_per_batch"].default,
+                        help="job.max_rows_per_batch: messages a batch (the job's default)")
     parser.add_argument("--read-tasks", type=int, default=4,
                         help="read tasks a full batch of the stateless step is cut into (the job's: 2 per core)")
     parser.add_argument("--skip", action="append", choices=["python", "stateless", "job", "interleaved"], default=[],

@@ -191,13 +191,14 @@ KEYS: tuple[Key, ...] = (
         "Heap of the Spark driver JVM, which collects each micro-batch for the sinks ('1g', '1536m')"),
     Key("spark.extra_java_options", None, _optional_text, "More JVM options for the Spark driver (after ours)"),
     Key("job.trigger_interval", "1s", _positive_duration, "Micro-batch trigger interval"),
-    # The driver collects a batch for the sinks, in spark.driver_memory: 300k of our orders (about
-    # 70 MB as the source's rows) fit 1 GB with room to spare (bench/README.md, stop 24). Both caps
-    # are estimated at planning from what each partition's entries held (pipeline/source/planning.py).
-    Key("job.max_rows_per_batch", 300_000, _int_at_least(1),
+    # The driver collects a batch for the sinks, in spark.driver_memory: 300k of our orders fit
+    # 1 GB and 600k did not (bench/README.md, stops 24 and 26). Both caps are estimated at planning
+    # from what each partition's entries last held (pipeline/source/planning.py), and a producer's
+    # batches can double in size from one range to the next, so the defaults leave 2x of room.
+    Key("job.max_rows_per_batch", 150_000, _int_at_least(1),
         "Most messages in one micro-batch, whatever the producers' batching (estimated; README \"Batches\")"),
-    Key("job.max_bytes_per_batch", "128MB", _byte_size,
-        "Most bytes of messages in one micro-batch ('128MB'; estimated like the message cap)"),
+    Key("job.max_bytes_per_batch", "64MB", _byte_size,
+        "Most bytes of messages in one micro-batch ('64MB'; estimated like the message cap)"),
     Key("job.orders_share_after", 10, _int_at_least(0, 1_000_000),
         "Batches in a row the changelogs may fill alone before orders get a share anyway (0: at once)"),
     Key("job.start_from", "earliest", _choice("earliest", "latest"), "Where a fresh checkpoint starts reading every topic"),
