@@ -52,10 +52,11 @@ class EntrySize:
 
 
 def cold_size(newest_entry_messages: int | None) -> EntrySize:
-    """A partition nothing was read from yet: its newest entry's size when the broker's id says
-    it (Apache Pulsar gives a batch index; pulsar-lite does not), else a full default batch, and
+    """A partition nothing was read from yet: a full default batch, or its newest entry's size
+    when the broker's id says more (Apache Pulsar gives a batch index; pulsar-lite does not; a
+    newest entry can be a short one, the tail of a flush, so it never prices entries smaller), and
     the largest entry a broker takes. The first batch of a cold partition is small, never large."""
-    return EntrySize(float(newest_entry_messages or COLD_MESSAGES_PER_ENTRY), float(MAX_ENTRY_BYTES))
+    return EntrySize(float(max(newest_entry_messages or 0, COLD_MESSAGES_PER_ENTRY)), float(MAX_ENTRY_BYTES))
 
 
 def share_budget(available: dict[str, int], cost: dict[str, float], budget: float) -> dict[str, int]:
