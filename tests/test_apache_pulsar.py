@@ -219,7 +219,11 @@ def test_a_backlog_drains_changelogs_first(apache_settings_factory, apache_pulsa
     read = [sum(t["rows"] or 0 for t in p["topics"]) for p in read_rows(settings.data_dir, "progress")]
     assert sum(read) == ORDERS + ITEMS + 2 * USERS + len(DELETED)  # every message read once
     assert len([n for n in read if n]) <= 2 * (sum(read) // 500 + 1) + 2
-    assert max(read) <= (500 if not batching else 2000)
+    # The cap counts messages: exact unbatched; batched, estimated from the entries the last range
+    # held. Here a producer with a 2 ms batching delay makes entries of 1 to 1,000 messages and a
+    # cap of 500 is a range of a few entries, so a batch has held 4.5 x the cap on Apache Pulsar;
+    # at the job's defaults a range holds hundreds of entries (README "Batches").
+    assert max(read) <= (500 if not batching else 5000)
 
 
 @pytest.mark.e2e

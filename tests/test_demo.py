@@ -31,8 +31,10 @@ def test_ctrl_c_stops_every_process_with_one_line_each(tmp_path):
     demo = subprocess.Popen([sys.executable, "-m", "pipeline", "demo"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
     try:
-        wait_for(lambda: read_rows(data_dir, "progress") or demo.poll() is not None, timeout=300,
-                 what="the demo job's first committed batch")
+        # the orders start once the job has committed its first batch (the changelogs)
+        wait_for(lambda: demo.poll() is not None or any(
+                     t["topic"] == "orders" and t["rows"] for p in read_rows(data_dir, "progress") for t in p["topics"]),
+                 timeout=300, what="the demo job's first batch of orders")
         assert demo.poll() is None, demo.stdout.read()
         os.killpg(demo.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends to the foreground group
         output, _ = demo.communicate(timeout=180)
