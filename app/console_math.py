@@ -334,6 +334,15 @@ def choose_bucket_seconds(span_seconds: float, max_points: int = 60) -> int:
     return NICE_BUCKETS_S[-1]
 
 
+def start_in_window(window_start_ms: int, oldest_row_ms: int | None, started_ms: int | None) -> int | None:
+    """When the window holds a start-up, its time: the first enriched rows (the job's first
+    batches of orders, which warm Spark up) or the newest job (re)start, whichever is newer and
+    inside the window; None when the window is all steady state. A card over such a window says
+    so, since those batches weigh on its percentiles."""
+    starts = [int(ms) for ms in (oldest_row_ms, started_ms) if ms is not None and int(ms) >= window_start_ms]
+    return max(starts) if starts else None
+
+
 def choose_window(oldest_ms: int, newest_ms: int, max_window_s: int) -> tuple[int, int]:
     """The chart window ``(seconds, bucket seconds)`` ending at the newest row.
 

@@ -1,8 +1,9 @@
 """Live enrichment: how many orders get enriched, go missing or dead-letter, how fast, and the newest ones."""
 
+import pandas as pd
 import streamlit as st
 
-from app import charts, console_math, queries, views
+from app import charts, console_math, metric_queries, queries, views
 from app.resources import REFRESH_SECONDS, fetch, refresh_tick_ms
 
 WINDOW_S = 5 * 60
@@ -31,6 +32,13 @@ def render_live() -> None:
     rate_help = "Rows committed in the last 60 s ÷ 60."
     latency_help = (f"Published to the orders topic → enriched row committed, over the "
                     f"{console_math.format_age(window_s * 1000)} up to the newest row.")
+    lifecycle = fetch(metric_queries.load_latest_lifecycle_event, data_dir=data_dir)
+    restarted = lifecycle[lifecycle["kind"].isin(["job_started", "restart"])]["ts_ms"]
+    start_up = console_math.start_in_window(window_end_ms - window_s * 1000, int(totals["oldest_ms"].min()),
+                                            int(restarted.iloc[0]) if len(restarted) else None)
+    if start_up is not None:
+        latency_help += (" This window includes the job's start-up: its first batches of orders, which warm Spark "
+                         "up, weigh on the percentiles.")
     views.render_metric_cards([
         views.MetricCard("Enriched orders", views.format_count(totals.at["enriched", "rows"]),
                          views.format_rate(totals.at["enriched", "rows_per_second"]), rate_help),
@@ -48,7 +56,10 @@ def render_live() -> None:
     throughput_column.plotly_chart(charts.build_throughput_chart(throughput), key="throughput")
     latency_column.plotly_chart(charts.build_latency_chart(latency[latency["scope"] == "bucket"]), key="latency")
     st.caption(f"Charts: the {console_math.format_age(window_s * 1000)} up to the newest committed row, "
-               f"in {bucket_s} s buckets.")
+               f"in {bucket_s} s buckets."
+               + ("" if start_up is None else
+                  f" The window includes the job's start-up at {views.format_time(pd.Timestamp(start_up, unit='ms'))}: the "
+                  "latency cards mix its first batches with the steady state after them (the chart shows which)."))
 
     st.subheader("Newest enriched orders")
     newest = fetch(queries.load_newest_enriched, data_dir=data_dir, limit=20)

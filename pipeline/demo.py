@@ -113,7 +113,9 @@ def run_demo(settings: Settings) -> None:
         if failure is None:
             procs.start("produce-orders", "produce", "orders", "--file", str(DATA / "orders.csv"), "--rate", "300",
                         "--loop", "--quiet")
-            time.sleep(8)  # orders for these users are already flowing: they wait in the buffer
+            # orders for these users are already flowing: they wait in the buffer, a few seconds (the
+            # console's latency p99 counts that wait)
+            time.sleep(3)
             procs.start("produce-users-late", "produce", "users", "--file", str(DATA / "users_late.csv"), "--quiet")
         while failure is None and (failure := procs.first_failure(watched)) is None:
             time.sleep(1)

@@ -235,3 +235,12 @@ def test_orders_shared_sum_the_known_runs_and_say_when_one_is_unknown():
     assert cm.sum_order_shares([80, 120]) == (200, True)
     assert cm.sum_order_shares([80, None, float("nan")]) == (80, False)
     assert cm.sum_order_shares([]) == (0, True)
+
+
+def test_a_window_that_holds_a_start_up_says_when():
+    from app.console_math import start_in_window
+
+    assert start_in_window(1_000, oldest_row_ms=1_500, started_ms=None) == 1_500  # the first enriched rows
+    assert start_in_window(1_000, oldest_row_ms=500, started_ms=2_000) == 2_000  # a restart inside the window
+    assert start_in_window(1_000, oldest_row_ms=500, started_ms=900) is None  # all steady state
+    assert start_in_window(1_000, oldest_row_ms=None, started_ms=None) is None
