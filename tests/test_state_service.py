@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from waiting import wait_for
+
 from pipeline.errors import ControlError
 from pipeline.state_service import StateLookupService
 
@@ -64,7 +66,7 @@ def test_a_client_has_one_lookup_at_a_time_and_a_few_a_minute(service_factory):
     service = service_factory(per_minute=3, clock=clock)
     slow = threading.Thread(target=service.lookup, args=([("slow", 1)], "10.0.0.5"))
     slow.start()
-    time.sleep(0.3)
+    wait_for(lambda: "10.0.0.5" in service._busy, timeout=30, what="the slow look-up to be taken")
     with pytest.raises(ControlError, match=re.escape("your previous state look-up is still waiting or running")):
         service.lookup([("users", 1)], "10.0.0.5")
     assert service.lookup([("users", 1)], "10.0.0.6")  # another client is not held up by the limit
@@ -82,7 +84,7 @@ def test_the_queue_is_bounded(service_factory):
     threads = [threading.Thread(target=service.lookup, args=([("slow", 1)], f"client-{n}")) for n in range(2)]
     for thread in threads:
         thread.start()
-    time.sleep(0.3)
+    wait_for(lambda: service._waiting == 2, timeout=30, what="both look-ups to be taken")
     with pytest.raises(ControlError, match=re.escape("the state look-up worker is busy (2 look-ups waiting)")):
         service.lookup([("users", 1)], "client-9")
     for thread in threads:
