@@ -173,6 +173,9 @@ def version_for_batch(table, batch_id: int) -> int | None:
         limit *= 4
 
 
+COMMIT_TRIES = 5  # a batch's commit that meets a maintenance commit is tried again this many times
+
+
 class DeltaSinks:
     """Idempotent per-batch commits to a set of Delta tables, their rollback and maintenance."""
 
@@ -191,25 +194,33 @@ class DeltaSinks:
             table = tables.get(name)
             if table is None or table.num_rows == 0:
                 continue
-            try:
-                existing = open_table(path)
-                if committed_batch(existing) >= batch_id:
-                    log.info("sink %s already holds batch %d; not committing it again", name, batch_id)
-                    continue
-                path.mkdir(parents=True, exist_ok=True)
-                write_deltalake(existing if existing is not None else str(path), table, mode="append",
-                                schema_mode="merge", commit_properties=_commit(batch_id),
-                                writer_properties=WriterProperties(compression="ZSTD"))
-                counts[name] = table.num_rows
-            except OSError as exc:
-                raise SinkError(f"cannot write sink {name!r} batch {batch_id} under {str(path)!r}: "
-                                f"{exc.strerror or exc}") from exc
-            except Exception as exc:  # delta-rs raises its own types for I/O failures and conflicts
-                if committed_batch(open_table(path)) >= batch_id:  # a concurrent commit of this batch won
-                    log.info("sink %s: batch %d was committed concurrently; not committing it again", name, batch_id)
-                    continue
-                raise SinkError(f"cannot write sink {name!r} batch {batch_id} under {str(path)!r}: "
-                                f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+            for attempt in range(1, COMMIT_TRIES + 1):
+                try:
+                    existing = open_table(path)
+                    if committed_batch(existing) >= batch_id:
+                        log.info("sink %s already holds batch %d; not committing it again", name, batch_id)
+                        break
+                    path.mkdir(parents=True, exist_ok=True)
+                    write_deltalake(existing if existing is not None else str(path), table, mode="append",
+                                    schema_mode="merge", commit_properties=_commit(batch_id),
+                                    writer_properties=WriterProperties(compression="ZSTD"))
+                    counts[name] = table.num_rows
+                    break
+                except OSError as exc:
+                    raise SinkError(f"cannot write sink {name!r} batch {batch_id} under {str(path)!r}: "
+                                    f"{exc.strerror or exc}") from exc
+                except Exception as exc:  # delta-rs raises its own types for I/O failures and conflicts
+                    if committed_batch(open_table(path)) >= batch_id:  # a concurrent commit of this batch won
+                        log.info("sink %s: batch %d was committed concurrently; not committing it again", name, batch_id)
+                        break
+                    # Maintenance (compaction, vacuum, the log's retention property) commits to the same
+                    # table between batches; a commit that met one of those is tried again on the new version.
+                    if type(exc).__name__ == "CommitFailedError" and attempt < COMMIT_TRIES:
+                        log.info("sink %s batch %d met a concurrent commit (%s); trying again", name, batch_id, exc)
+                        time.sleep(0.05 * attempt)
+                        continue
+                    raise SinkError(f"cannot write sink {name!r} batch {batch_id} under {str(path)!r}: "
+                                    f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
         self.last_counts[batch_id] = counts
         if len(self.last_counts) > 100:
             self.last_counts.pop(min(self.last_counts))
