@@ -24,6 +24,7 @@ from pyspark.sql.streaming import StreamingQueryListener
 from pipeline import metrics, store
 from pipeline.enrich.lookups import LOOKUPS
 from pipeline.metrics import MetricsStore
+from pipeline.metrics_tail import parse_lines, tail_lines
 from pipeline.sinks import SinkWriter
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,9 @@ class JobListener(ProgressListener):
             if not seq:
                 continue
             state = self.replays.setdefault(seq, {})
+            if "finished" not in state:  # a running total: each progress row is counted once, here
+                state["messages"] = state["messages"] + (topic.get("rows") or 0) if "messages" in state else \
+                    recount_replayed(self.store.data_dir, topic["topic"], seq, state.get("started"))
             if "started" not in state:
                 state["started"] = row["ts_ms"]
                 request = _replay_request(self.store.data_dir, seq)
@@ -94,7 +98,7 @@ class JobListener(ProgressListener):
                                  target_position=topic["latest_position"], **{"from": request.get("from", "earliest")})
             if not topic["replaying"] and "finished" not in state:
                 state["finished"] = row["ts_ms"]
-                messages = replayed_messages(self.store.data_dir, topic["topic"], seq)
+                messages = state["messages"]
                 self.store.event("replay_finished", f"replay #{seq} of {topic['topic']} re-applied "
                                  f"{messages} messages", seq=seq, topic=topic["topic"],
                                  messages=messages, duration_ms=row["ts_ms"] - state["started"])
@@ -150,11 +154,22 @@ def _replay_request(data_dir: Path, seq: int) -> dict:
         return {}
 
 
-def replayed_messages(data_dir: Path, topic: str, seq: int) -> int:
-    """The messages a replay re-read: its generation's rows in every progress row so far (the
-    source's offsets count entries; the rows are messages counted where they were read)."""
-    return sum(entry.get("rows") or 0 for row in metrics.read_rows(data_dir, "progress")
+def replayed_messages(rows: list[dict], topic: str, seq: int) -> int:
+    """The messages a replay re-read in these progress rows: its generation's rows (the source's
+    offsets count entries; the rows are messages counted where they were read)."""
+    return sum(entry.get("rows") or 0 for row in rows
                for entry in row.get("topics") or [] if entry.get("topic") == topic and entry.get("generation") == seq)
+
+
+def recount_replayed(data_dir: Path, topic: str, seq: int, started_ms: int | None) -> int:
+    """A replay's messages so far, counted once when this process first sees it (then kept as a
+    running total). Started in an earlier process: the progress rows since the day before its
+    start event. New: its rows among the newest few, which hold all of them (the start event
+    follows the replay's first row; only a crash in between leaves an earlier one)."""
+    if started_ms is not None:
+        return replayed_messages(metrics.read_rows(data_dir, "progress", since_ms=started_ms - 86_400_000), topic, seq)
+    lines, _ = tail_lines(data_dir, "progress", 16)
+    return replayed_messages(parse_lines(lines), topic, seq)
 
 
 def _replay_state(data_dir: Path) -> dict[int, dict]:

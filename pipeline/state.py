@@ -170,18 +170,28 @@ class StateCensus:
     """Keys held and orders waiting per lookup, written to the metrics store's ``state`` stream.
 
     Runs on a daemon thread of the job (driver side): at most every ``interval_s`` it takes the
-    newest progress row, reads the lookups' ``waiting`` variables at that batch (skipped when
-    ``max_wait_ms`` is 0: nothing ever waits) and appends one row per lookup::
+    checkpoint's newest committed batch, reads the lookups' ``waiting`` variables at that batch
+    (skipped when ``max_wait_ms`` is 0: nothing ever waits) and appends one row per lookup::
 
         {"ts_ms": …, "batch_id": 41, "lookup": "users", "state_rows": 2801, "keys_held": 2780,
          "waiting_keys": 21, "waiting_orders": 35}
+
+    The state rows of each batch come from its progress row, which the census follows as the
+    listener appends it (:class:`pipeline.metrics_tail.StreamTail`): each census parses only
+    the rows written since the last one, never the whole store.
     """
 
+    KEEP_BATCHES = 1024  # state rows remembered per batch: the committed batch is among the newest
+
     def __init__(self, spark, checkpoint: Path, metrics_store, max_wait_ms: int, interval_s: float | None = None):
+        from pipeline.metrics_tail import StreamTail
+
         self.spark, self.checkpoint, self.metrics = spark, Path(checkpoint), metrics_store
         self.max_wait_ms, self.interval_s = max_wait_ms, CENSUS_INTERVAL_S if interval_s is None else interval_s
         self._stop = threading.Event()
         self._last_batch = -1
+        self._progress = StreamTail(metrics_store.data_dir, "progress", newest=self.KEEP_BATCHES)
+        self._state_rows: dict[int, dict[str, int]] = {}  # batch id -> {operator: rows_total}, newest row wins
         self._thread = threading.Thread(target=self._run, name="state-census", daemon=True)
 
     def start(self) -> "StateCensus":
@@ -201,29 +211,42 @@ class StateCensus:
                 log.warning("state census skipped: %s", " ".join(str(exc).split())[:300])
 
     def take(self) -> list[dict]:
-        """One census at the newest progress row not counted yet; returns the rows written."""
-        from pipeline.metrics import read_rows
-
+        """One census at the newest committed batch not counted yet; returns the rows written."""
+        self._state_rows = remember_state_rows(self._state_rows, self._progress.read_new(), self.KEEP_BATCHES)
         # The checkpoint's newest commit, not the newest progress row: after a restore the metrics
         # store remembers batches the restored checkpoint never had.
         committed = last_committed_batch(self.checkpoint)
-        progress = [row for row in read_rows(self.metrics.data_dir, "progress") if row["batch_id"] == committed]
-        if not progress or committed == self._last_batch:
+        rows_by_lookup = self._state_rows.get(committed)
+        if rows_by_lookup is None or committed == self._last_batch:
             return []
-        newest = progress[-1]
-        rows_by_lookup = {op["operator"]: op["rows_total"] for op in newest.get("state") or []}
         written = []
         for lookup in LOOKUPS:  # every lookup counted before any row is written: one census, whole
             name = f"{lookup.reason}_lookup"
             if name not in rows_by_lookup:
                 continue
             keys, orders = (0, 0) if self.max_wait_ms == 0 else \
-                count_waiting(self.spark, self.checkpoint, lookup, newest["batch_id"])
-            written.append({"ts_ms": int(time.time() * 1000), "batch_id": newest["batch_id"],
-                            "lookup": lookup.changelog, "state_rows": rows_by_lookup[name],
-                            "keys_held": max(0, rows_by_lookup[name] - keys), "waiting_keys": keys,
-                            "waiting_orders": orders})
+                count_waiting(self.spark, self.checkpoint, lookup, committed)
+            written.append(census_row(lookup.changelog, committed, rows_by_lookup[name], keys, orders,
+                                      int(time.time() * 1000)))
         for row in written:
             self.metrics.append("state", row)
-        self._last_batch = newest["batch_id"]
+        self._last_batch = committed
         return written
+
+
+def remember_state_rows(known: dict[int, dict[str, int]], progress_rows: list[dict], keep: int) -> dict[int, dict[str, int]]:
+    """The state rows per operator of each batch, updated with newer progress rows (a batch that
+    ran again after a restore takes its newest row), the ``keep`` highest batch ids only."""
+    merged = dict(known)
+    for row in progress_rows:
+        if isinstance(row.get("batch_id"), int):
+            merged[row["batch_id"]] = {op["operator"]: op["rows_total"] for op in row.get("state") or []}
+    return dict(sorted(merged.items())[-keep:])
+
+
+def census_row(lookup: str, batch_id: int, state_rows: int, waiting_keys: int, waiting_orders: int, ts_ms: int) -> dict:
+    """One ``state`` row: Spark's state rows count a key with a record and a key with waiting
+    orders alike, so the keys held are the rows less the keys waiting."""
+    return {"ts_ms": ts_ms, "batch_id": batch_id, "lookup": lookup, "state_rows": state_rows,
+            "keys_held": max(0, state_rows - waiting_keys), "waiting_keys": waiting_keys,
+            "waiting_orders": waiting_orders}
