@@ -1,8 +1,10 @@
 """The Prometheus exporter: the metrics store and the sinks as Prometheus metrics, via prometheus_client.
 
 It lives on the reading side of the data flow, next to the console's data layer, and reads
-exactly what the console reads (:mod:`app.metric_queries`, :mod:`app.queries`, the sink
-catalog), afresh on every scrape, through one custom collector (:class:`StoreCollector`).
+what the console reads (:mod:`app.metric_queries`, :mod:`app.queries`, the sink catalog)
+through one custom collector (:class:`StoreCollector`): the gauges afresh on every scrape from
+the newest rows, the counters as running totals that a scrape brings up to date by reading
+only what was appended since the last one (:mod:`app.store_totals`).
 It never writes to the data dir and holds no file open between scrapes, so the job never
 waits for it.
 
@@ -16,7 +18,7 @@ exporter``, which starts this module as its own process (``pipeline/`` never imp
         static_configs: [{targets: ["127.0.0.1:9464"]}]
 
 Only numbers the job recorded are served: a gauge of the newest micro-batch is left out
-while there is none, and counters are totals over the whole store. The metric names, all
+while there is none, and counters are totals over the store as this exporter process has read it. The metric names, all
 prefixed ``stateful_streams_``, are listed in :data:`METRICS` (the Grafana dashboard in
 ``app/monitoring/`` uses only these).
 """
@@ -39,6 +41,7 @@ from prometheus_client.registry import Collector
 from app import console_math, metric_queries, queries
 from app.catalog import SinkFile, catalog_for
 from app.sources import DURATION_PHASES, connect, files_relation
+from app.store_totals import RunningTotals
 from pipeline.config import Settings, load_settings
 from pipeline.errors import StatefulStreamsError
 
@@ -153,6 +156,7 @@ class StoreCollector(Collector):
         self.clock = clock
         self.connection = connect()
         self.latency = LatencyHistogram(self.data_dir)
+        self.totals = RunningTotals(self.data_dir)
 
     def describe(self) -> list:
         return []  # the families depend on the store's contents; registering must not read it
@@ -163,12 +167,11 @@ class StoreCollector(Collector):
 
     def _families(self, cursor, now_ms: int) -> Iterator:
         data_dir = self.data_dir
-        totals = metric_queries.load_progress_totals(cursor, data_dir).iloc[0]
+        totals = self.totals.read()
         newest = metric_queries.load_batches(cursor, data_dir, limit=1)
         state = metric_queries.load_state_by_operator(cursor, data_dir)
         lookups = metric_queries.load_lookup_state(cursor, data_dir)
         backlog = metric_queries.load_backlog(cursor, data_dir, limit=1)
-        events = metric_queries.load_event_counts(cursor, data_dir).set_index("kind")["events"]
         shares = metric_queries.load_order_shares(cursor, data_dir)
         sink_rows = queries.load_sink_spans(cursor, data_dir).set_index("sink")["rows"]
         status = console_math.job_status_from_frames(metric_queries.load_latest_lifecycle_event(cursor, data_dir),
@@ -178,7 +181,7 @@ class StoreCollector(Collector):
         def latest(column: str) -> list:
             return [({}, None if batch is None else batch[column])]
 
-        yield _counter("batches_total", "Micro-batches the job completed (progress rows).", [({}, totals["batches"])])
+        yield _counter("batches_total", "Micro-batches the job completed (progress rows).", [({}, totals.batches)])
         yield _gauge("last_batch_id", "Id of the newest completed micro-batch.", latest("batch_id"))
         yield _gauge("last_batch_timestamp_seconds", "Trigger time of the newest micro-batch (Unix seconds).",
                      [({}, None if batch is None else batch["ts_ms"] / 1000)])
@@ -213,12 +216,12 @@ class StoreCollector(Collector):
                      "file sync), summed over the stateful operators.", latest("rocksdb_commit_ms"))
         yield _gauge("state_size_bytes", "Size on disk of the state store (newest batch).", latest("state_size_bytes"))
         yield _counter("sink_rows_total", "Rows written to each sink, summed over the progress rows.",
-                       [({"sink": "enriched"}, totals["enriched_rows"]), ({"sink": "missing_state"}, totals["missing_rows"]),
-                        ({"sink": "dead_letter"}, totals["dead_letter_rows"])])
+                       [({"sink": "enriched"}, totals.enriched_rows), ({"sink": "missing_state"}, totals.missing_rows),
+                        ({"sink": "dead_letter"}, totals.dead_letter_rows)])
         yield _gauge("backlog_entries", "Broker entries on each topic the job has not read yet (newest batch; an entry is one message or one producer batch).",
                      [({"topic": row.topic}, row.backlog) for row in backlog.itertuples()])
         yield _counter("restarts_total", "Restarts of the job from its last checkpoint (restart events).",
-                       [({}, events.get("restart", 0))])
+                       [({}, totals.events.get("restart", 0))])
         yield _counter("dead_letters_total", "Committed rows in the dead_letter sink.", [({}, sink_rows.get("dead_letter", 0))])
         buckets, seconds = self.latency.totals(cursor)
         latency = HistogramMetricFamily(PREFIX + "end_to_end_latency_seconds",

@@ -16,30 +16,44 @@ from typing import Any
 import pandas as pd
 
 from app.console_math import LIFECYCLE_KINDS, compute_backlog
-from app.sources import DURATION_PHASES, Connection, metrics_relation, query_frame, sql_text
+from app.sources import (DURATION_PHASES, METRIC_COLUMNS, Connection, empty_relation, metrics_relation, newest_metrics, query_frame,
+                         query_newest, sql_text)
 from pipeline.enrich.lookups import LOOKUPS
+
+DAY_MS = 86_400_000
+CENSUS_ROWS = 16 * len(LOOKUPS)  # the newest state rows read: several censuses of every lookup
+
+
+TASKS_PER_BATCH = 16  # a first guess of the task rows per batch; the read grows until it holds enough batches
 
 
 def load_recent_tasks(connection: Connection, data_dir: Path, batches: int = 20) -> pd.DataFrame:
     """Task rows of the newest ``batches`` batches: ``batch_id, stage, stage_id, task, records, duration_ms``."""
-    tasks = metrics_relation(data_dir, "tasks")
-    sql = f"""
-        WITH recent AS (SELECT DISTINCT batch_id FROM {tasks} ORDER BY batch_id DESC LIMIT $batches)
-        SELECT batch_id, stage, stage_id, task, records, duration_ms
-        FROM {tasks} WHERE batch_id IN (SELECT batch_id FROM recent)
-        ORDER BY batch_id, stage, task"""
-    return query_frame(connection, sql, {"batches": int(batches)})
+    lines = int(batches) * TASKS_PER_BATCH
+    while True:
+        with newest_metrics(connection, data_dir, "tasks", lines) as (tasks, whole):
+            sql = f"""
+                WITH recent AS (SELECT DISTINCT batch_id FROM {tasks} ORDER BY batch_id DESC LIMIT $batches)
+                SELECT batch_id, stage, stage_id, task, records, duration_ms
+                FROM {tasks} WHERE batch_id IN (SELECT batch_id FROM recent)
+                ORDER BY batch_id, stage, task"""
+            frame = query_frame(connection, sql, {"batches": int(batches)})
+        # The oldest batch read may be cut short: it counts only with one more batch before it.
+        if whole or frame["batch_id"].nunique() > int(batches) or \
+                (frame["batch_id"].nunique() == int(batches) and len(frame) < lines):
+            return frame
+        lines *= 4
 
 
 def load_partition_rows(connection: Connection, data_dir: Path, batches: int = 100) -> pd.DataFrame:
     """Rows read per source topic and partition over the newest ``batches`` batches."""
     sql = f"""
-        WITH recent AS (SELECT topics FROM {metrics_relation(data_dir, 'progress')} ORDER BY ts_ms DESC LIMIT $batches),
+        WITH recent AS (SELECT topics FROM {{newest}} ORDER BY ts_ms DESC LIMIT $batches),
         per_topic AS (SELECT unnest(topics) AS t FROM recent),
         per_partition AS (SELECT t.topic AS topic, unnest(t.partitions) AS p FROM per_topic)
         SELECT topic, CAST(p."partition" AS INTEGER) AS "partition", CAST(sum(p."rows") AS BIGINT) AS "rows"
         FROM per_partition GROUP BY 1, 2 ORDER BY 1, 2"""
-    return query_frame(connection, sql, {"batches": int(batches)})
+    return query_newest(connection, data_dir, "progress", batches, sql, {"batches": int(batches)})
 
 
 # ----------------------------------------------------------------- batches (progress)
@@ -84,32 +98,33 @@ def load_batches(connection: Connection, data_dir: Path, limit: int = 300) -> pd
                    state_size_bytes,
                    sink_rows.enriched AS enriched_rows, sink_rows.missing_state AS missing_rows,
                    sink_rows.dead_letter AS dead_letter_rows
-            FROM {metrics_relation(data_dir, 'progress')}
+            FROM {{newest}}
             ORDER BY ts_ms DESC LIMIT $limit
         ) ORDER BY ts_ms"""
-    return query_frame(connection, sql, {"limit": int(limit)})
+    return query_newest(connection, data_dir, "progress", limit, sql, {"limit": int(limit)})
 
 
 def load_state_by_operator(connection: Connection, data_dir: Path) -> pd.DataFrame:
     """The state of each operator in the newest batch: ``operator, rows_total, memory_bytes, commit_ms``."""
-    sql = f"""
-        WITH newest AS (SELECT state FROM {metrics_relation(data_dir, 'progress')} ORDER BY ts_ms DESC LIMIT 1),
+    sql = """
+        WITH newest AS (SELECT state FROM {newest} ORDER BY ts_ms DESC LIMIT 1),
         operators AS (SELECT unnest(state) AS s FROM newest)
         SELECT s.operator AS operator, s.rows_total AS rows_total, s.memory_bytes AS memory_bytes,
                s.commit_ms AS commit_ms
         FROM operators ORDER BY operator"""
-    return query_frame(connection, sql)
+    return query_newest(connection, data_dir, "progress", 1, sql)
 
 
 def load_lookup_state(connection: Connection, data_dir: Path) -> pd.DataFrame:
     """The newest census of each lookup: ``lookup, batch_id, ts_ms, keys_held, waiting_keys,
     waiting_orders`` (keys held and orders waiting, from Spark's state metrics and state store)."""
-    sql = f"""
+    sql = """
         SELECT lookup, arg_max(batch_id, ts_ms) AS batch_id, max(ts_ms) AS ts_ms,
                arg_max(keys_held, ts_ms) AS keys_held, arg_max(waiting_keys, ts_ms) AS waiting_keys,
                arg_max(waiting_orders, ts_ms) AS waiting_orders
-        FROM {metrics_relation(data_dir, 'state')} GROUP BY lookup ORDER BY lookup"""
-    return query_frame(connection, sql)
+        FROM {newest} GROUP BY lookup ORDER BY lookup"""
+    # Each census writes one row per lookup: its newest rows hold every lookup's newest census.
+    return query_newest(connection, data_dir, "state", CENSUS_ROWS, sql)
 
 
 def load_backlog(connection: Connection, data_dir: Path, limit: int = 300) -> pd.DataFrame:
@@ -121,15 +136,14 @@ def load_backlog(connection: Connection, data_dir: Path, limit: int = 300) -> pd
     admitted_bytes`` (the planner's estimates; NULL where its offsets did not say), oldest first.
     """
     sql = f"""
-        WITH recent AS (SELECT ts_ms, batch_id, topics FROM {metrics_relation(data_dir, 'progress')}
-                        ORDER BY ts_ms DESC LIMIT $limit),
+        WITH recent AS (SELECT ts_ms, batch_id, topics FROM {{newest}} ORDER BY ts_ms DESC LIMIT $limit),
         per_topic AS (SELECT ts_ms, batch_id, unnest(topics) AS t FROM recent)
         SELECT ts_ms, epoch_ms(ts_ms) AS trigger_time, batch_id, t.topic AS topic,
                t.generation AS generation, t."rows" AS "rows", t.end_position AS end_position,
                t.latest_position AS latest_position, t.backlog AS reported_backlog,
                t.admitted_messages AS admitted_messages, t.admitted_bytes AS admitted_bytes
         FROM per_topic ORDER BY ts_ms, topic"""
-    frame = query_frame(connection, sql, {"limit": int(limit)})
+    frame = query_newest(connection, data_dir, "progress", limit, sql, {"limit": int(limit)})
     frame["backlog"] = pd.array(
         [
             compute_backlog(end, latest, reported)
@@ -151,7 +165,7 @@ def load_watermarks(connection: Connection, data_dir: Path) -> pd.DataFrame:
     """
     relation = metrics_relation(data_dir, 'watermarks')
     sql = f"""
-        WITH newest AS (SELECT ts_ms, batch_id, watermark_ms, topics FROM {relation} ORDER BY ts_ms DESC LIMIT 1),
+        WITH newest AS (SELECT ts_ms, batch_id, watermark_ms, topics FROM {{newest}} ORDER BY ts_ms DESC LIMIT 1),
         per_topic AS (SELECT ts_ms, batch_id, watermark_ms, unnest(topics) AS t FROM newest),
         late AS (SELECT t.topic AS topic, sum(t.late_versions) AS late_versions
                  FROM (SELECT unnest(topics) AS t FROM {relation}) GROUP BY t.topic)
@@ -161,7 +175,7 @@ def load_watermarks(connection: Connection, data_dir: Path) -> pd.DataFrame:
                CASE WHEN t.watermark_ms IS NOT NULL THEN epoch_ms(t.watermark_ms) END AS watermark,
                t.lag_ms AS lag_ms, t.idle AS idle, CAST(late.late_versions AS BIGINT) AS late_versions
         FROM per_topic LEFT JOIN late ON late.topic = t.topic ORDER BY t.topic"""
-    return query_frame(connection, sql)
+    return query_newest(connection, data_dir, "watermarks", 1, sql)
 
 
 def load_partition_watermarks(connection: Connection, data_dir: Path) -> pd.DataFrame:
@@ -170,20 +184,21 @@ def load_partition_watermarks(connection: Connection, data_dir: Path) -> pd.Data
 
     Columns ``topic, partition, newest, watermark, idle``.
     """
-    sql = f"""
-        WITH newest AS (SELECT ts_ms, topics FROM {metrics_relation(data_dir, 'watermarks')}
-                        ORDER BY ts_ms DESC LIMIT 1),
+    sql = """
+        WITH newest AS (SELECT ts_ms, topics FROM {newest} ORDER BY ts_ms DESC LIMIT 1),
         per_topic AS (SELECT unnest(topics) AS t FROM newest),
         parts AS (SELECT t.topic AS topic, unnest(t.partitions) AS p FROM per_topic)
         SELECT topic, p.partition AS partition,
                CASE WHEN p.newest_ms IS NOT NULL THEN epoch_ms(p.newest_ms) END AS newest,
                CASE WHEN p.watermark_ms IS NOT NULL THEN epoch_ms(p.watermark_ms) END AS watermark, p.idle AS idle
         FROM parts ORDER BY topic, partition"""
-    return query_frame(connection, sql)
+    return query_newest(connection, data_dir, "watermarks", 1, sql)
 
 
 def load_progress_totals(connection: Connection, data_dir: Path) -> pd.DataFrame:
-    """Sums over every progress row: ``batches, last_batch_id`` and rows per sink."""
+    """Sums over every retained progress row: ``batches, last_batch_id`` and rows per sink. A
+    full recount that reads every day file: the exporter keeps running totals instead
+    (:mod:`app.store_totals`); this is what they are checked against."""
     sql = f"""
         SELECT count(*) AS batches, max(batch_id) AS last_batch_id,
                CAST(coalesce(sum(sink_rows.enriched), 0) AS BIGINT) AS enriched_rows,
@@ -200,7 +215,7 @@ def load_topic_positions(connection: Connection, data_dir: Path, topic: str, sin
     """
     sql = f"""
         WITH per_topic AS (SELECT ts_ms, batch_id, unnest(topics) AS t
-                           FROM {metrics_relation(data_dir, 'progress')} WHERE ts_ms >= $since_ms)
+                           FROM {metrics_relation(data_dir, 'progress', since_ms=since_ms)} WHERE ts_ms >= $since_ms)
         SELECT ts_ms, batch_id, t.generation AS generation, t."rows" AS "rows", t.end_position AS end_position,
                t.latest_position AS latest_position
         FROM per_topic WHERE t.topic = $topic ORDER BY ts_ms"""
@@ -275,8 +290,8 @@ def load_order_shares(connection: Connection, data_dir: Path) -> pd.DataFrame:
     first (each batch once). NULL when a batch was not counted. ``held_for``: the most batches
     in a row the changelogs filled the cap.
     """
-    events, progress = metrics_relation(data_dir, "events"), metrics_relation(data_dir, "progress")
-    sql = f"""
+    events = metrics_relation(data_dir, "events")
+    runs = f"""
         WITH started AS (
             SELECT ts_ms, CAST(details->>'$.batch_id' AS BIGINT) AS started_batch,
                    CAST(details->>'$.held_for' AS BIGINT) AS held_for
@@ -291,7 +306,12 @@ def load_order_shares(connection: Connection, data_dir: Path) -> pd.DataFrame:
                    e.batches, e.held_for, e.orders
             FROM started s LEFT JOIN ended e ON e.started_batch = s.started_batch AND e.ts_ms >= s.ts_ms
             QUALIFY row_number() OVER (PARTITION BY s.ts_ms, s.started_batch ORDER BY e.ts_ms NULLS LAST) = 1),
-        open_run AS (SELECT * FROM runs WHERE ended_ms IS NULL ORDER BY ts_ms DESC LIMIT 1),
+        open_run AS (SELECT * FROM runs WHERE ended_ms IS NULL ORDER BY ts_ms DESC LIMIT 1)"""
+    # Only the open run needs progress rows: those from the day before its start event on.
+    (open_ms,) = connection.execute(f"{runs} SELECT max(ts_ms) FROM open_run").fetchone()
+    progress = empty_relation(METRIC_COLUMNS["progress"]) if open_ms is None else \
+        metrics_relation(data_dir, "progress", since_ms=int(open_ms) - DAY_MS)
+    sql = f"""{runs},
         -- the open run's batches: from its first batch's progress row (the newest one before the start event) on
         since AS (SELECT max(p.ts_ms) AS from_ms FROM {progress} p, open_run r
                   WHERE p.batch_id = r.started_batch AND p.ts_ms <= r.ts_ms),

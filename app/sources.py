@@ -14,13 +14,19 @@ cursor made from it.
 
 from __future__ import annotations
 
+import itertools
+from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Iterator
 
 import duckdb
 import pandas as pd
+import pyarrow as pa
 
 from app.catalog import SinkFile, catalog_for
 from pipeline import store
+from pipeline.metrics_tail import day_files, tail_lines
 from pipeline.sinks import table_files
 
 # Column types of the on-disk contract. Only the empty relations use them: a reader over
@@ -175,16 +181,22 @@ def table_relation(table_path: Path, columns: dict[str, str]) -> str:
     return f"read_parquet({file_list}, hive_partitioning = false, union_by_name = true)"
 
 
-def metrics_files(data_dir: Path, stream: str) -> list[Path]:
-    """The day files of a metrics stream, oldest first."""
-    folder = store.metrics_dir(data_dir, stream)
-    return sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
+def metrics_files(data_dir: Path, stream: str, since_ms: int | None = None) -> list[Path]:
+    """The day files of a metrics stream, oldest first; with ``since_ms``, only those that can
+    hold a row from then on (a row's day file is its own ``ts_ms``'s day)."""
+    first_day = None if since_ms is None else \
+        datetime.fromtimestamp(max(0, since_ms) / 1000, tz=timezone.utc).strftime("%Y-%m-%d")
+    return [path for path in day_files(data_dir, stream) if first_day is None or path.stem >= first_day]
 
 
-def metrics_relation(data_dir: Path, stream: str) -> str:
-    """FROM-clause text for a metrics stream: its complete lines, or no rows if there are none."""
+def metrics_relation(data_dir: Path, stream: str, since_ms: int | None = None) -> str:
+    """FROM-clause text for a metrics stream: its complete lines, or no rows if there are none;
+    with ``since_ms``, only the day files from that day on (the query still filters rows itself).
+
+    A query that shows the newest rows reads :func:`newest_metrics` instead: the whole day files
+    of a busy job are hundreds of MB."""
     columns = METRIC_COLUMNS[stream]
-    files = metrics_files(data_dir, stream)
+    files = metrics_files(data_dir, stream, since_ms)
     if not files:
         return empty_relation(columns)
     file_list = "[" + ", ".join(sql_text(str(path)) for path in files) + "]"
@@ -193,3 +205,36 @@ def metrics_relation(data_dir: Path, stream: str) -> str:
         f"(SELECT * FROM read_json({file_list}, format = 'newline_delimited', ignore_errors = true, "
         f"columns = {spec}) WHERE ts_ms IS NOT NULL)"
     )
+
+
+_NEWEST_NAMES = itertools.count()
+
+
+@contextmanager
+def newest_metrics(connection: Connection, data_dir: Path, stream: str, rows: int) -> Iterator[tuple[str, bool]]:
+    """FROM-clause text for the newest ``rows`` rows of a metrics stream, and whether they are
+    all of it; only the last lines of the newest day files are read
+    (:func:`pipeline.metrics_tail.tail_lines`), typed as :func:`metrics_relation` types them.
+
+    The lines are lent to ``connection`` as a table for the ``with`` block only."""
+    columns = METRIC_COLUMNS[stream]
+    lines, whole = tail_lines(data_dir, stream, int(rows))
+    if not lines:
+        yield empty_relation(columns), whole
+        return
+    name = f"newest_{stream}_{next(_NEWEST_NAMES)}"
+    connection.register(name, pa.table({"line": pa.array([line.decode("utf-8", "replace") for line in lines])}))
+    struct = "STRUCT(" + ", ".join(f'"{column}" {kind}' for column, kind in columns.items()) + ")"
+    try:
+        yield (f"(SELECT unnest(s) FROM (SELECT TRY_CAST(TRY_CAST(line AS JSON) AS {struct}) AS s FROM {name}) "
+               f"WHERE s.ts_ms IS NOT NULL)"), whole
+    finally:
+        connection.unregister(name)
+
+
+def query_newest(connection: Connection, data_dir: Path, stream: str, rows: int, sql: str,
+                 params: dict | None = None) -> pd.DataFrame:
+    """:func:`query_frame` of ``sql`` with ``{newest}`` standing for the newest ``rows`` rows of
+    ``stream`` (:func:`newest_metrics`)."""
+    with newest_metrics(connection, data_dir, stream, rows) as (relation, _):
+        return query_frame(connection, sql.replace("{newest}", relation), params)

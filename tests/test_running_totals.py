@@ -201,3 +201,76 @@ def test_a_replays_messages_equal_a_full_recount_after_restarts(tmp_path, crash_
     assert started["details"]["seq"] == finished["details"]["seq"] == 1
     recount = replayed_messages(read_rows(tmp_path, "progress")[:-1], "users", 1)
     assert finished["details"]["messages"] == recount == 17 + sum(b % 11 for b in range(1, 300)) + 4
+
+
+# ------------------------------------------------------------------ the exporter's counters
+
+
+def test_the_exporters_running_totals_equal_a_full_recount_after_restarts(tmp_path):
+    from app import metric_queries, sources
+    from app.store_totals import RunningTotals
+
+    connection = sources.connect()
+
+    def recount() -> tuple:
+        totals = metric_queries.load_progress_totals(connection, tmp_path).iloc[0]
+        events = metric_queries.load_event_counts(connection, tmp_path).set_index("kind")["events"]
+        return (int(totals["batches"]), int(totals["enriched_rows"]), int(totals["missing_rows"]),
+                int(totals["dead_letter_rows"]), {kind: int(n) for kind, n in events.items()})
+
+    def running(totals) -> tuple:
+        read = totals.read()
+        return (read.batches, read.enriched_rows, read.missing_rows, read.dead_letter_rows, dict(read.events))
+
+    metrics = MetricsStore(tmp_path)
+    totals = RunningTotals(tmp_path)
+    assert running(totals) == recount() == (0, 0, 0, 0, {})
+    write_progress(tmp_path, range(50))
+    metrics.event("restart", "attempt 1 of 5")
+    half_write(tmp_path, "progress")
+    assert running(totals) == recount()
+    newest = sorted(store.metrics_dir(tmp_path, "progress").glob("*.jsonl"))[-1]
+    with open(newest, "a", encoding="utf-8") as handle:  # the half line is finished: one more batch
+        handle.write(', "ts_ms": ' + str(BASE_MS) + ', "sink_rows": {"enriched": 3}}\n')
+    write_progress(tmp_path, range(50, 120))
+    metrics.event("restart", "attempt 2 of 5")
+    metrics.event("job_started", "again")
+    assert running(totals) == recount()
+    assert running(RunningTotals(tmp_path)) == recount()  # the exporter restarts
+    connection.close()
+
+
+# ------------------------------------------------------------------ the console's windows
+
+
+def test_the_consoles_windows_never_open_an_older_day_file(tmp_path):
+    """The newest-rows queries read the last lines of the newest day files only: an older day
+    file that could not even be opened (here a folder in its place) changes nothing."""
+    from app import metric_queries, sources
+
+    metrics = MetricsStore(tmp_path)
+    write_progress(tmp_path, range(72))  # 3 days, one batch an hour
+    for batch_id in range(72):
+        for task in range(8):
+            metrics.append("tasks", {"ts_ms": BASE_MS + batch_id * 3_600_000, "batch_id": batch_id,
+                                     "stage": "user_lookup", "stage_id": 3, "task": task, "records": task, "duration_ms": 1})
+    connection = sources.connect()
+    windows = {
+        "batches": lambda: metric_queries.load_batches(connection, tmp_path, limit=30),
+        "backlog": lambda: metric_queries.load_backlog(connection, tmp_path, limit=30),
+        "partitions": lambda: metric_queries.load_partition_rows(connection, tmp_path, batches=30),
+        "operators": lambda: metric_queries.load_state_by_operator(connection, tmp_path),
+        "tasks": lambda: metric_queries.load_recent_tasks(connection, tmp_path, batches=20),
+        "positions": lambda: metric_queries.load_topic_positions(connection, tmp_path, "orders", BASE_MS + 60 * 3_600_000),
+        "shares": lambda: metric_queries.load_order_shares(connection, tmp_path),
+    }
+    before = {name: query() for name, query in windows.items()}
+    assert before["batches"]["batch_id"].tolist() == list(range(42, 72))
+    assert sorted(before["tasks"]["batch_id"].unique()) == list(range(52, 72)) and len(before["tasks"]) == 160
+    for stream in ("progress", "tasks"):
+        oldest = sorted(store.metrics_dir(tmp_path, stream).glob("*.jsonl"))[0]
+        oldest.unlink()
+        oldest.mkdir()  # opening it as a file fails
+    for name, query in windows.items():
+        assert query().equals(before[name]), name
+    connection.close()
