@@ -37,6 +37,7 @@ navigation = st.navigation({
         st.Page(PAGES / "backpressure.py", title="Backpressure", icon=":material/speed:"),
         st.Page(PAGES / "data_skew.py", title="Data skew", icon=":material/balance:"),
         st.Page(PAGES / "checkpoints.py", title="Checkpoints & savepoints", icon=":material/history:"),
+        st.Page(PAGES / "storage.py", title="Storage", icon=":material/hard_drive:"),
     ],
     "Investigate and act": [
         st.Page(PAGES / "missing_state.py", title="Missing state", icon=":material/person_search:"),

@@ -10,12 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
+import pandas as pd
 import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from app import console_math
-from app.views import format_count, format_ms
+from app.views import format_bytes, format_count, format_ms
 from app_fixtures import empty_data_dir, fixture_data, read_metrics  # noqa: F401 - fixtures
 from pipeline import control as REAL_CONTROL
 from pipeline import store
@@ -132,6 +133,7 @@ def _texts(elements) -> str:
     ("backpressure.py", "No micro-batches recorded yet"),
     ("checkpoints.py", "No committed batches yet"),
     ("replay.py", "No replays yet — request one above"),
+    ("storage.py", "Nothing on disk yet"),
 ])
 def test_each_page_explains_what_to_do_on_an_empty_data_dir(open_page, empty_data_dir, control, page, expected):
     app = open_page(page, empty_data_dir)
@@ -366,6 +368,33 @@ def test_checkpoints_page_history_restarts_and_savepoints(open_page, fixture_dat
     app.button(key="take_savepoint_do").click().run()
     assert control.calls == [("take_savepoint", ("demo",), {})]
     assert "Savepoint 'demo' taken at batch 29" in _texts(app.success)
+
+
+def test_storage_page_shows_each_part_and_when_maintenance_last_ran(open_page, fixture_data, tmp_path):
+    import shutil
+
+    from app.storage import list_files
+    from pipeline.metrics import MetricsStore
+    from pipeline.sinks import sink_files
+
+    data_dir = Path(shutil.copytree(fixture_data.data_dir, tmp_path / "data"))  # the shared fixture stays as it is
+    (store.checkpoint_dir(data_dir) / "offsets").mkdir(parents=True, exist_ok=True)
+    (store.checkpoint_dir(data_dir) / "offsets" / "29").write_bytes(b"x" * 2048)
+    MetricsStore(data_dir).event("sinks_maintained", "sinks compacted (3 files into 1) and vacuumed (0 files) in 0.1s",
+                                 sinks={"enriched": {"files_removed": 3, "files_added": 1, "files_vacuumed": 0}})
+    app = open_page("storage.py", data_dir)
+    shown = _metrics(app)
+    on_disk = list_files(data_dir)
+    assert shown["Data dir"] == format_bytes(sum(size for _, size in on_disk))
+    assert shown["Checkpoint"] == format_bytes(2048)
+    parts, rounds = (frame.value for frame in app.dataframe)
+    parts = parts.set_index("part")
+    for sink in store.SINKS:
+        assert parts.loc[f"sink {sink}", "live_files"] == len(sink_files(data_dir, sink))
+    assert parts.loc["metrics progress", "files"] == len(list(store.metrics_dir(data_dir, "progress").glob("*.jsonl")))
+    rounds = rounds.set_index("task")
+    assert rounds.loc["compaction", "change"] == "3 files into 1" and pd.notna(rounds.loc["compaction", "last_run"])
+    assert pd.isna(rounds.loc["vacuum", "last_change"])
 
 
 def test_replay_page_progress_history_and_request(open_page, fixture_data, control):

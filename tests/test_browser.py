@@ -34,6 +34,7 @@ PAGES = {
     "backpressure": ("Backpressure", "Newest batches"),
     "data_skew": ("Data skew", "Skew of user_lookup"),
     "checkpoints": ("Checkpoints & savepoints", "Checkpoint history"),
+    "storage": ("Storage", "On disk, part by part"),
     "missing_state": ("Missing state", "Top missing users"),
     "replay": ("Replay", "Replay #2 of users"),
 }
