@@ -73,7 +73,15 @@ test: setup apache-pulsar
 test-fast: $(STAMP)
 	$(PY) -m pytest -q tests/test_rules.py tests/test_config.py tests/test_offsets.py tests/test_console_math.py
 
-bench: setup
+# The Flink peer of bench/bench_flink.py (bench/peers/flink/): one shaded jar built by Maven from
+# Maven Central (cached in ~/.m2), rebuilt when its sources change; only `make bench` builds it.
+FLINK_PEER_JAR := bench/peers/flink/target/flink-peer-1.jar
+$(FLINK_PEER_JAR): bench/peers/flink/pom.xml $(wildcard bench/peers/flink/src/main/java/statefulstreams/flinkpeer/*.java)
+	@command -v mvn >/dev/null || { echo "installing Maven to build the Flink peer"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq maven >/dev/null; }
+	mvn -B -q -s bench/peers/flink/settings.xml -f bench/peers/flink/pom.xml package -DskipTests
+
+bench: setup apache-pulsar $(FLINK_PEER_JAR)
 	$(PY) -m bench.run
 
 clean:

@@ -18,8 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
-from bench import (bench_backlog, bench_console, bench_event_time, bench_latency, bench_reader_stalls,  # noqa: E402
-                   bench_recovery, bench_sql, bench_startup, bench_state, bench_throughput)
+from bench import (bench_backlog, bench_console, bench_event_time, bench_flink, bench_latency,  # noqa: E402
+                   bench_reader_stalls, bench_recovery, bench_sql, bench_startup, bench_state, bench_throughput)
 from bench.common import RESULTS_DIR, machine, now_utc  # noqa: E402
 
 LATEST = RESULTS_DIR / "latest.json"
@@ -37,6 +37,7 @@ BENCHES = {
     "console": (bench_console, ["--orders", "5000000"]),
     "sql": (bench_sql, ["--keys", "1000000"]),
     "event_time": (bench_event_time, []),
+    "flink": (bench_flink, []),
 }
 
 
@@ -187,6 +188,9 @@ def figure_rows(results: dict) -> list[tuple[str, str, str, str]]:
         rows.append(("event time: p99 latency (ms)", _f(event["latency_p99_ms"], ",.0f"),
                      f"processing time {_f(processing['latency_p99_ms'], ',.0f')}",
                      _f(event["latency_p99_ms"] / processing["latency_p99_ms"] if processing["latency_p99_ms"] else None)))
+    for name, (module, _) in BENCHES.items():  # benchmarks that build their own rows (bench_flink)
+        if hasattr(module, "table_rows") and isinstance(results.get(name), dict) and "error" not in results[name]:
+            rows += module.table_rows(results[name])
     for name, figures in results.items():
         if isinstance(figures, dict) and "error" in figures:
             rows.append((f"{name}", "FAILED", figures["error"][:80], "–"))
