@@ -66,6 +66,16 @@ POLL_S = 0.02
 ORDER_SINKS = ("enriched", "missing_state")
 
 
+def epoch_ms(column) -> list[int]:
+    """A sink's ``published_at`` as epoch milliseconds, whether it holds them or a timestamp (the
+    Delta sinks keep timestamps in microseconds)."""
+    import pyarrow as pa
+
+    if pa.types.is_timestamp(column.type):
+        column = column.cast(pa.timestamp("ms", tz=column.type.tz))
+    return column.cast("int64").to_pylist()
+
+
 class SinkWatcher:
     """Records when each committed batch folder of the order sinks first becomes visible.
 
@@ -103,7 +113,7 @@ class SinkWatcher:
                             continue
                         rows = table.filter(pc.equal(table["batch_id"], batch_id))
                         self.line_items.update(rows["line_item_id"].to_pylist())
-                        self.batches[(sink, batch_id)] = (seen_ms, rows["published_at"].cast("int64").to_pylist())
+                        self.batches[(sink, batch_id)] = (seen_ms, epoch_ms(rows["published_at"]))
             self.stop.wait(POLL_S)
 
     def rows(self, sink: str | None = None) -> int:

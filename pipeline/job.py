@@ -134,13 +134,13 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
     if settings["pulsar.auth_token"]:
         # Spark redacts option values whose key says "token" from plans and its UI.
         source = source.option("authToken", settings["pulsar.auth_token"])
-    if settings["enrichment.time"] == "event":  # the parse step stamps the idle changelogs (event_clock.py)
-        from pipeline.enrich.event_clock import idle_file
-        source = source.option("transformArgs", json.dumps({  # and makes a message its time cannot place a dead letter
-            "idle_path": str(idle_file(settings.data_dir)),
+    if settings["enrichment.time"] == "event":  # a message its time cannot place is a dead letter
+        from pipeline.enrich.event_clock import clock_file
+        source = source.option("transformArgs", json.dumps({
             "timed_by_message": rules.timed_by_message(settings["enrichment.order_time"])}))
-        # and a quiet stream still gets a batch that moves the idle changelogs' watermarks
-        source = source.option("heartbeatFile", str(idle_file(settings.data_dir)))
+        # the driver's clock (event_clock.py) travels in the offsets and bounds each row's part in
+        # the watermark; a quiet stream still gets a batch when it moves (pipeline/source/clock.py)
+        source = source.option("clockFile", str(clock_file(settings.data_dir)))
     rows = source.load()
     # {"kind": "orders", "op": "order", "user_id": 17, "item_id": 4, …, "user_state": None, "item_state": None}
     # The source's offsets count broker entries; the messages of each batch are counted here.
@@ -150,10 +150,10 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
     # read by the sinks only for a dead letter.
     rows = rows.withColumn("key", F.when(F.col("op") == "dead", F.col("key")))
     if settings["enrichment.time"] == "event":  # versions as of each order's event time (README "Event time")
-        from pipeline.enrich.event_clock import restored_newest, watermark_partitions
+        from pipeline.enrich.event_clock import watermark_partitions
         from pipeline.enrich.event_rules import future_after
         rows = with_event_watermarks(rows, settings["enrichment.order_time"],
-                                     int(settings["enrichment.out_of_orderness"] * 1000), restored_newest(checkpoint),
+                                     int(settings["enrichment.out_of_orderness"] * 1000),
                                      watermark_partitions(partitions), on_every_row=count_rows,
                                      future_horizon_ms=int(settings["enrichment.future_horizon"] * 1000))
         for lookup in LOOKUPS:
@@ -177,15 +177,17 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
             .trigger(processingTime=f"{interval_ms} milliseconds").start())
 
 
-def attach_event_clock(spark, metrics_store: MetricsStore, settings: Settings):
-    """In event time, the listener that follows each topic's watermark and idle changelogs
-    (pipeline/enrich/event_clock.py); None in processing time."""
+def attach_event_clock(spark, metrics_store: MetricsStore, settings: Settings, service_url: str):
+    """In event time, the listener that keeps the job's clock: each changelog partition's newest
+    time and the idle ones (pipeline/enrich/event_clock.py); None in processing time. Added before
+    the job's other listeners: the next batch's planning waits for it."""
     if settings["enrichment.time"] != "event":
         return None
-    from pipeline.enrich.event_clock import EventClockListener
+    from pipeline.enrich.event_clock import EventClockListener, changelog_partitions
 
     clock = EventClockListener(metrics_store, settings.data_dir, int(settings["enrichment.out_of_orderness"] * 1000),
-                               int(settings["enrichment.idle_timeout"] * 1000))
+                               int(settings["enrichment.idle_timeout"] * 1000),
+                               changelog_partitions(service_url, settings.topics, settings["pulsar.auth_token"]))
     spark.streams.addListener(clock)
     return clock
 
@@ -283,11 +285,11 @@ def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event 
         # KeyboardInterrupt in the middle of a py4j call; ours stops the query cleanly instead.
         stop_on_signals(stop)
         sc = spark.sparkContext
+        event_clock = attach_event_clock(spark, metrics_store, settings, service_url)
         listener = JobListener(metrics_store, writer, store.checkpoint_dir(settings.data_dir),
                                int(settings["job.trigger_interval"] * 1000), sc.uiWebUrl, sc.applicationId, on_batch)
         spark.streams.addListener(listener)
         census = StateCensus(spark, store.checkpoint_dir(settings.data_dir), metrics_store, settings.max_wait_ms).start()
-        event_clock = attach_event_clock(spark, metrics_store, settings)
         maintenance = SinkMaintenance(writer, settings.data_dir, settings["sinks.compact_interval"],
                                       settings["sinks.vacuum_retention"], record,
                                       prune=lambda: prune_old_days(settings.data_dir, settings["metrics.retention"])).start()

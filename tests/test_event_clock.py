@@ -1,14 +1,19 @@
 """The driver's event clock (no Spark session): per-partition watermarks from observed metrics,
 a topic's as the least of its partitions', idle partitions from read positions, late versions,
-the events and the file the parse step reads."""
+the events and the clock file the source reads."""
 
 from __future__ import annotations
 
 import json
 
 from pipeline.enrich import event_clock, event_rules
-from pipeline.enrich.parse import read_idle
 from pipeline.metrics import MetricsStore, read_events, read_rows
+from pipeline.source.clock import read_clock_file
+
+
+def read_idle(data_dir) -> str | None:
+    """The idle changelog partitions the clock file names (``"items,users"``), or None."""
+    return ",".join(sorted(read_clock_file(event_clock.clock_file(data_dir)).idle)) or None
 
 
 def progress(batch: int, second: int, users_n: int, items_n: int, observed: dict, latest_users: int | None = None) -> dict:
@@ -17,7 +22,7 @@ def progress(batch: int, second: int, users_n: int, items_n: int, observed: dict
                            "items": {"gen": 0, "parts": {"-1": {"n": items, "id": "x"}}}})
     return {"timestamp": f"2026-01-01T00:00:{second:02d}.000Z", "batchId": batch,
             "eventTime": {"watermark": "2023-11-14T22:13:20.000Z"},
-            "observedMetrics": {f"event_time_{k}": {"newest_ms": v} for k, v in observed.items()},
+            "observedMetrics": {"event_time_newest": observed},
             "sources": [{"startOffset": None, "endOffset": offsets(users_n, items_n),
                          "latestOffset": offsets(latest_users if latest_users is not None else users_n, items_n)}]}
 
@@ -28,10 +33,10 @@ def test_idle_topics_need_quiet_and_no_backlog():
     assert event_clock.idle_topics({"users": 0}, {}, 6_000, 0) == set()  # 0: never idle
 
 
-def test_watermarks_idle_events_and_the_parse_steps_file(tmp_path):
+def test_watermarks_idle_events_and_the_clock_file(tmp_path):
     store = MetricsStore(tmp_path)
     clock = event_clock.EventClockListener(store, tmp_path, out_of_orderness_ms=2_000, idle_timeout_ms=3_000)
-    path = str(event_clock.idle_file(tmp_path))
+    path = tmp_path
     clock.observe(progress(0, 0, 2, 1, {"users": 10_000, "items": 4_000}))
     clock.observe(progress(1, 2, 2, 2, {"items": 6_000}))
     assert read_idle(path) is None
@@ -57,9 +62,9 @@ def test_a_quiet_job_marks_idle_changelogs_on_spark_s_idle_events(tmp_path):
     clock.observe(progress(0, 0, 2, 1, {"users": 10_000, "items": 4_000}))
     clock.observe(progress(1, 1, 2, 1, {}))  # the last batch came before the timeout
     clock.onQueryIdle(SimpleNamespace(timestamp="2026-01-01T00:00:02.000Z"))
-    assert read_idle(str(event_clock.idle_file(tmp_path))) is None  # 2 s quiet: not yet
+    assert read_idle(tmp_path) is None  # 2 s quiet: not yet
     clock.onQueryIdle(SimpleNamespace(timestamp="2026-01-01T00:00:11.000Z"))
-    assert read_idle(str(event_clock.idle_file(tmp_path))) == "items,users"
+    assert read_idle(tmp_path) == "items,users"
     assert {e["details"]["topic"] for e in read_events(tmp_path, ("topic_idle",))} == {"users", "items"}
 
 
@@ -101,7 +106,7 @@ def partitioned_progress(batch: int, second: int, users_n: dict, observed: dict,
     def offsets(users):
         return json.dumps({"users": {"gen": 0, "parts": {str(p): {"n": n, "id": "x"} for p, n in users.items()}},
                            "items": {"gen": 0, "parts": {"-1": {"n": 5 + batch, "id": "x"}}}})  # items keep moving
-    metrics = {f"event_time_{k}": {"newest_ms": v} for k, v in observed.items()}
+    metrics = {"event_time_newest": dict(observed)}
     metrics.update({f"late_versions_{k}": {"count": v} for k, v in (late or {}).items()})
     return {"timestamp": f"2026-01-01T00:00:{second:02d}.000Z", "batchId": batch, "eventTime": {},
             "observedMetrics": metrics,
@@ -130,7 +135,7 @@ def test_clock_names_and_the_pure_partition_functions():
 
 def test_one_quiet_partition_goes_idle_alone_and_the_topic_watermark_follows(tmp_path):
     clock = event_clock.EventClockListener(MetricsStore(tmp_path), tmp_path, out_of_orderness_ms=1_000, idle_timeout_ms=3_000)
-    path = str(event_clock.idle_file(tmp_path))
+    path = tmp_path
     first = clock.observe(partitioned_progress(0, 0, {0: 3, 1: 2}, {"users/0": 20_000, "users/1": 6_000, "items": 30_000},
                                                late={"users": 2, "items": 0}))
     users = {t["topic"]: t for t in first["topics"]}["users"]
@@ -156,7 +161,7 @@ def test_a_partition_with_unread_messages_never_goes_idle(tmp_path):
     clock = event_clock.EventClockListener(MetricsStore(tmp_path), tmp_path, out_of_orderness_ms=1_000, idle_timeout_ms=1_000)
     for batch in range(3):
         clock.observe(partitioned_progress(batch, batch * 5, {0: 3, 1: 2}, {}, latest_users={0: 3, 1: 9}))
-    assert read_idle(str(event_clock.idle_file(tmp_path))) == "users/0"
+    assert read_idle(tmp_path) == "users/0"
 
 
 def test_the_changelog_partitions_are_asked_with_the_token(monkeypatch):
@@ -175,11 +180,18 @@ def test_the_changelog_partitions_are_asked_with_the_token(monkeypatch):
     assert asked == [("pulsar://x:1", "u", "t"), ("pulsar://x:1", "i", "t")]  # orders hold no watermark
 
 
-def test_a_heartbeat_moves_idle_partitions_to_the_newest_active_changelog_time():
-    from pipeline.enrich.event_clock import heartbeat_ms
+def test_the_clock_file_carries_every_followed_partition_and_the_batch_taken_in(tmp_path):
+    """A partition the query follows is in the file before anything is read from it (it holds
+    the watermark at 0); the file names the end offset of the batch taken in, which the source's
+    planning waits for; the orders' time is not a changelog's."""
+    clock = event_clock.EventClockListener(MetricsStore(tmp_path), tmp_path, out_of_orderness_ms=1_000,
+                                           idle_timeout_ms=0, partitions={"users": [0, 1], "items": [-1]})
+    first = read_clock_file(event_clock.clock_file(tmp_path))
+    assert first.newest == {"items": None, "users/0": None, "users/1": None} and first.through is None
+    step = partitioned_progress(0, 0, {0: 3, 1: 0}, {"users/0": 20_000, "orders": 99_000})
+    clock.observe(step)
+    taken = read_clock_file(event_clock.clock_file(tmp_path))
+    assert taken.newest == {"items": None, "users/0": 20_000, "users/1": None}
+    assert taken.through == json.loads(step["sources"][0]["endOffset"])
 
-    newest = {"users/0": 9_000, "users/1": 4_000, "items": 2_000, "orders": 99_000}
-    assert heartbeat_ms(newest, set()) is None  # nothing idle: no heartbeat
-    assert heartbeat_ms(newest, {"items"}) == 9_000  # the active changelogs' newest, never the orders'
-    assert heartbeat_ms(newest, {"items", "users/0", "users/1"}) == 9_000  # all idle: the newest of all
-    assert heartbeat_ms({}, {"items"}) is None
+

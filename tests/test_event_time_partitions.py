@@ -27,33 +27,48 @@ ORDERS = 12
 OOO_MS = 1_000
 
 
-def test_every_row_passes_one_partition_branch_once(spark):
-    """The plan has a watermark branch per changelog partition, cut to disjoint rows: each row
-    comes out once, whatever its topic and partition (one not listed included)."""
+def test_every_row_comes_out_once(spark):
+    """One read, one watermark node: each row comes out once, whatever its topic and partition
+    (one not listed included), and the clock rows do not."""
     kinds = [("users", 0), ("users", 1), ("users", 1), ("users", 7), ("items", -1), ("orders", 0), ("orders", 1)]
     rows = [{**dict.fromkeys(rules.ENVELOPE_FIELDS), "kind": kind, "source_partition": part, "key": f"k{n}",
              "op": "order" if kind == "orders" else "upsert", "event_time": T0 + n, "published_at": T0}
             for n, (kind, part) in enumerate(kinds)]
+    rows.append({**dict.fromkeys(rules.ENVELOPE_FIELDS), "kind": "clock", "op": "tick", "event_time": T0,
+                 "watermark_bound": T0})
     frame = spark.createDataFrame(rows, rules.ENVELOPE_SPARK_SCHEMA)
     out = with_event_watermarks(frame, "created_at", OOO_MS, partitions={"users": [0, 1], "items": [-1]})
-    assert sorted(row["key"] for row in out.collect()) == sorted(row["key"] for row in rows)
+    assert sorted(row["key"] for row in out.collect()) == sorted(row["key"] for row in rows if row["key"])
     assert WATERMARK_COLUMN not in out.columns
 
 
+PARTITION_COUNTS = (1, 2, 4)  # the topic sets of the module's broker: partitions per topic
+
+
 @pytest.fixture(scope="module")
-def partitioned(tmp_path_factory):
-    """A broker of its own whose three job topics have two partitions each. pulsar-lite has no
-    admin API; it keeps partitioned topics in its metadata file, read at start-up (its
-    ``default_partitions`` setting would also partition the topics named after partitions)."""
+def partitioned_broker(tmp_path_factory):
+    """A broker of its own with a set of the job's three topics per partition count (1: not
+    partitioned). pulsar-lite has no admin API; it keeps partitioned topics in its metadata
+    file, read at start-up (its ``default_partitions`` setting would also partition the topics
+    named after partitions)."""
     import json
 
     data_dir = tmp_path_factory.mktemp("partitioned-broker")
-    topics = {k: f"persistent://public/default/{k}-{data_dir.name}" for k in ("users", "items", "orders")}
+    sets = {count: {k: f"persistent://public/default/{k}-{count}-{data_dir.name}" for k in ("users", "items", "orders")}
+            for count in PARTITION_COUNTS}
     (data_dir / "broker").mkdir()
     (data_dir / "broker" / "db.metadata.json").write_text(json.dumps(
-        {"version": 2, "partitioned_topics": {topic: {"partitions": 2} for topic in topics.values()}}))
+        {"version": 2, "partitioned_topics": {topic: {"partitions": count} for count, topics in sets.items()
+                                              if count > 1 for topic in topics.values()}}))
     with EmbeddedBroker(data_dir) as running:
-        yield running, topics
+        yield running, sets
+
+
+@pytest.fixture(scope="module")
+def partitioned(partitioned_broker):
+    """The module's broker and its topics of two partitions each."""
+    running, sets = partitioned_broker
+    return running, sets[2]
 
 
 def send(url: str, topic: str, messages: list[tuple[str, bytes, int]]) -> dict[str, int]:
@@ -97,7 +112,8 @@ def test_a_partition_behind_holds_every_order_until_it_goes_idle(partitioned, tm
         assert len(client.get_topic_partitions(topics["users"])) == 2
     finally:
         client.close()
-    settings = job_settings(broker, tmp_path / "data", topics, **{"enrichment.idle_timeout": "4s"})
+    # long enough for the watermark to take in the partition behind before it goes idle, on a busy machine
+    settings = job_settings(broker, tmp_path / "data", topics, **{"enrichment.idle_timeout": "8s"})
     # Users 1-8 early on, each in the partition its key hashes to; user 1's partition then goes far
     # ahead, the other one (``behind``) stays at its newest early time.
     where = send(url, topics["users"], [(str(u), wire.encode(user(u)), T0 + u * 100) for u in range(1, 9)])
@@ -118,6 +134,7 @@ def test_a_partition_behind_holds_every_order_until_it_goes_idle(partitioned, tm
         # Everything read, and the job's watermark is the behind partition's: it holds every order back.
         held = wait_for(lambda: newest_row(settings.data_dir, lambda row: row["watermark_ms"] == held_at
                                            and partitions_of(row, "users").get(behind, {}).get("watermark_ms") == held_at
+                                           and not partitions_of(row, "users").get(behind, {}).get("idle", True)
                                            and partitions_of(row, "users").get(ahead, {}).get("newest_ms") == T0 + 60_000)
                         or job.error, timeout=240, what="the watermark held by the users partition behind")
         assert job.error is None
@@ -139,9 +156,61 @@ def test_a_partition_behind_holds_every_order_until_it_goes_idle(partitioned, tm
         job.close()
     idle = [e for e in read_events(settings.data_dir, ("topic_idle",))
             if e["details"] == {"topic": "users", "partition": behind}]
-    assert f"users partition {behind} has had no new message for 4s" in idle[0]["message"]
+    assert f"users partition {behind} has had no new message for 8s" in idle[0]["message"]
     decided = rows(settings.data_dir, "enriched")
     # No order was decided while the partition behind held the watermark (in that batch or before).
     assert len(decided) == ORDERS and min(r["batch_id"] for r in decided) > held["batch_id"]
     as_of = {(r["user_id"], r["user_first_name"], int(r["user_as_of"].timestamp() * 1000)) for r in decided}
     assert as_of == {(1, "First1", T0 + 100), (late_user, f"First{late_user}", T0 + late_user * 100)}
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("count", [1, 4])
+def test_each_message_is_read_once_per_batch_whatever_the_partitions(partitioned_broker, tmp_path, count):
+    """Event time reads the source once: Spark's count of the rows its scans gave (numInputRows,
+    summed over every scan of the source in a batch) is the messages published, plus at most
+    one clock row per batch; and the rows counted per topic partition are the messages each
+    partition holds. Reading once per watermark node made it 2 (one partition) to 8 (four)
+    times the messages."""
+    from collections import Counter
+
+    broker, sets = partitioned_broker
+    topics, url = sets[count], broker.service_url
+    users, items, orders = 60, 12, 300
+    # the default producer (no batching): each message is its own entry; 3 versions per user, the
+    # last ones after every order (which the watermark passes once the items go idle)
+    published = Counter()
+    for version in range(3):
+        where = send(url, topics["users"], [(str(u), wire.encode(user(u, firstName=f"V{version}")),
+                                              T0 + version * 1_000 + u) for u in range(1, users + 1)])
+        published.update(("users", part) for part in where.values())
+    published.update(("items", part) for part in send(url, topics["items"], [
+        (str(i), wire.encode(item(i)), T0 + i) for i in range(1, items + 1)]).values())
+    published.update(("orders", part) for part in send(url, topics["orders"], [
+        (f"o{n}", wire.encode(order(n, 1 + n % users, 1 + n % items, createdAt=T0 + 500 + n)), T0 + 500 + n)
+        for n in range(orders)]).values())
+    settings = job_settings(broker, tmp_path / "data", topics, **{
+        "enrichment.idle_timeout": "2s", "job.max_rows_per_batch": "150"})  # several batches, the stream stops
+
+    def counted() -> Counter:
+        rows_read = Counter()
+        for row in read_rows(settings.data_dir, "progress"):
+            for topic in row["topics"]:
+                for part in topic["partitions"]:
+                    rows_read[(topic["topic"], part["partition"])] += part["rows"] or 0
+        return rows_read
+
+    job = JobThread(settings)
+    try:
+        wait_for(lambda: orders_done(settings.data_dir) >= orders or job.error, timeout=240, what="every order decided")
+        # a batch's progress row comes a moment after its sinks' commit
+        wait_for(lambda: sum(counted().values()) >= sum(published.values()) or job.error, timeout=60,
+                 what="every message counted")
+    finally:
+        job.close()
+    progress = read_rows(settings.data_dir, "progress")
+    assert counted() == published
+    scanned = sum(row["num_input_rows"] for row in progress)
+    total = sum(published.values())
+    assert total <= scanned <= total + len(progress), (scanned, total, len(progress))
+    assert orders_done(settings.data_dir) == orders

@@ -126,7 +126,7 @@ def test_a_bad_payload_names_its_own_error_first():
 
 def test_the_transform_arguments_reach_the_parse_step():
     batch = source_block([(T0, HOSTILE[0])])
-    (envelope,) = parse.parse_batches(iter([batch]), idle_path=None, timed_by_message=["users", "items"])
+    (envelope,) = parse.parse_batches(iter([batch]), timed_by_message=["users", "items"])
     assert envelope.column("op").to_pylist() == ["dead"]
     assert envelope.column("error").to_pylist() == [outside("event_time", HOSTILE[0])]
 

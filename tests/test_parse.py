@@ -29,7 +29,7 @@ def source_batch(kind: str, keys_: list, values: list) -> pa.RecordBatch:
         "kind": [kind] * n, "topic": [f"persistent://public/default/{kind}"] * n, "partition": [-1] * n,
         "message_id": [f"0:{i}:-1:-1" for i in range(n)], "position": list(range(n)), "generation": [0] * n,
         "key": keys_, "value": values, "publish_time": [1_700_000_000_000_000] * n, "properties": [None] * n,
-        "event_time": [None] * n, "time_error": [None] * n,
+        "event_time": [None] * n, "time_error": [None] * n, "watermark_bound": [None] * n,
     }, schema=arrow_schema())
 
 

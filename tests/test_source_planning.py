@@ -197,25 +197,57 @@ def test_a_range_is_read_whole_and_its_reader_closed_before_its_first_batch_is_h
     assert sum(b.num_rows for b in batches) == 70_000 - first.num_rows and closed
 
 
-def test_an_idle_partition_gets_a_heartbeat_once_per_time_and_a_row_of_its_own(tmp_path):
-    """The heartbeat file names idle partitions and a time: each moves its ``beat_ms`` once per
-    newer time (so Spark runs a batch with no message), and the batch reads one heartbeat row."""
-    beat = tmp_path / "idle.json"
+def test_the_clock_travels_in_the_offset_and_moves_a_quiet_stream_once_per_time(tmp_path):
+    """The driver's clock file (pipeline/source/clock.py) goes into the end offset; a clock that
+    moved with no new message still plans a batch, which yields one clock row; re-planned after a
+    crash it is the same batch; and each range's rows carry the bound the facts give them."""
+    from pipeline.source import clock as clk
+
+    path = tmp_path / "clock.json"
     reader = make_reader("pulsar://127.0.0.1:9", {"users": "persistent://public/default/u",
-                                                  "items": "persistent://public/default/i"}, heartbeatFile=str(beat))
+                                                  "items": "persistent://public/default/i"},
+                         clockFile=str(path), changelogs="users,items")
     start = off.initial_offset({"users": ["0", "1"], "items": ["-1"]})
-    assert reader._heartbeats(json.loads(json.dumps(start))) == 0  # no file yet
-    beat.write_text(json.dumps({"idle": ["items", "users/1"], "beat_ms": 5_000}))
+    assert not reader._take_clock(start, json.loads(json.dumps(start)))  # no file yet
+    clk.write_clock_file(path, {"users/0": 9_000, "users/1": 4_000, "items": None}, {"items"}, None)
     end = json.loads(json.dumps(start))
-    assert reader._heartbeats(end) == 2
-    assert end["items"]["parts"]["-1"]["beat_ms"] == end["users"]["parts"]["1"]["beat_ms"] == 5_000
-    assert "beat_ms" not in end["users"]["parts"]["0"]
-    assert reader._heartbeats(json.loads(json.dumps(end))) == 0  # the same time again: no new batch
+    assert reader._take_clock(start, end)  # the clock is at 4,000: a batch moves the watermark there
+    assert end["users"]["parts"]["1"] == {"n": 0, "id": off.EARLIEST, "newest_ms": 4_000}
+    assert end["items"]["parts"]["-1"] == {"n": 0, "id": off.EARLIEST, "newest_ms": None, "idle": True}
+    assert not reader._take_clock(end, json.loads(json.dumps(end)))  # the same clock again: no new batch
     pieces = reader.partitions(start, end)
-    assert sorted((p.kind, p.partition, p.beat_ms) for p in pieces) == [("items", "-1", 5_000), ("users", "1", 5_000)]
-    (row,) = [r for piece in pieces[:1] for batch in reader.read(piece) for r in batch.to_pylist()]
-    assert (row["kind"], row["event_time"], row["key"], row["value"]) == ("heartbeat", 5_000, None, None)
+    assert [type(p).__name__ for p in pieces] == ["ClockPartition"]
+    (row,) = [r for piece in pieces for batch in reader.read(piece) for r in batch.to_pylist()]
+    assert (row["kind"], row["event_time"], row["watermark_bound"], row["key"]) == ("clock", 4_000, 4_000, None)
     assert reader.partitions(end, end) == []  # re-planned after a crash: the same (no) rows
+    # a range's rows: users/0 counts up to users/1's time, items (idle) not at all
+    rng = off.Range("users", "0", 0, off.EARLIEST, 0, "1:0:0:-1", 1)
+    moved = json.loads(json.dumps(end))
+    moved["users"]["parts"]["0"]["n"] = 1
+    (piece,) = [p for p in reader.partitions(end, moved) if hasattr(p, "rng")]
+    assert (piece.rng.partition, piece.bound, piece.clock_ms) == (rng.partition, 4_000, None)
+
+
+def test_planning_waits_for_the_clock_to_take_in_the_batch_before(tmp_path):
+    """The driver writes the clock a moment after Spark may plan the next batch: planning waits
+    for the file to name the batch it plans after, and goes on with the older clock after a bound."""
+    import threading
+
+    from pipeline.source import clock as clk
+
+    path = tmp_path / "clock.json"
+    start = {"users": {"gen": 0, "parts": {"-1": {"n": 3, "id": "1:2:-1:-1"}}}}
+    clk.write_clock_file(path, {"users": 1_000}, set(), {"users": {"gen": 0, "parts": {}}})
+    timer = threading.Timer(0.2, clk.write_clock_file, (path, {"users": 2_000}, set(), start))
+    timer.start()
+    try:
+        assert clk.wait_for_clock(path, start, timeout_s=30).newest == {"users": 2_000}
+    finally:
+        timer.cancel()
+    clk.write_clock_file(path, {"users": 3_000}, set(), {"users": {"gen": 0, "parts": {}}})
+    assert clk.wait_for_clock(path, start, timeout_s=0.05).newest == {"users": 3_000}  # late: the older clock
+    clk.write_clock_file(path, {"users": 3_000}, set(), None)  # a restarted driver: nothing to wait for
+    assert clk.wait_for_clock(path, start, timeout_s=30).through is None
 
 
 def test_batches_keep_their_cap_across_a_ledger_the_broker_rolled(broker, unique_topics, tmp_path):

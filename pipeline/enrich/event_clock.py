@@ -13,20 +13,18 @@ partition):
   idle ones left out); each batch gives one ``watermarks`` row in the metrics store, per topic
   with its partitions and the late versions the lookups counted (the Backpressure page shows it);
 - a changelog partition is **idle** once its read position has not moved for
-  ``enrichment.idle_timeout`` while nothing waits on it (backlog 0). The listener writes the
-  idle partitions to a small file that the parse step reads on the executors, and from then on
-  every row of the batch counts for that partition's watermark: it stops holding the watermark
-  back (the book's "Idle Sources"). Going idle and becoming active again are events in the
-  metrics store (``topic_idle`` / ``topic_active``, naming the partition). Idleness is
+  ``enrichment.idle_timeout`` while nothing waits on it (backlog 0): it stops holding the
+  watermark back (the book's "Idle Sources"). Going idle and becoming active again are events
+  in the metrics store (``topic_idle`` / ``topic_active``, naming the partition). Idleness is
   processing time by nature: where it lets the watermark pass, results can depend on timing,
   as in Flink;
-- time moves without input: Spark runs no batch without new messages, so in a stream that went
-  quiet nothing would count for an idle partition's watermark. The same file carries a
-  heartbeat time (``beat_ms``: the newest event time of the changelog partitions still active,
-  or of all of them when every one is idle), which the source turns into one heartbeat row per
-  idle partition (its ``heartbeatFile`` option): a batch runs, the idle partitions' watermarks
-  move to that time, and the orders the remaining watermark makes due are decided in the batch
-  after, within about ``idle_timeout`` plus two triggers;
+- after each batch, and when a partition goes idle, the listener writes the **clock file**
+  (pipeline/source/clock.py): each changelog partition's newest time, the idle ones, and the
+  batch taken in. The source carries it in the next batch's offset and bounds each row's part
+  in the watermark with it; when the clock moves with no new message (a partition went idle in
+  a quiet stream), the source still plans a batch, with one clock row: time moves without
+  input, and the orders it makes due are decided within about ``idle_timeout`` plus two
+  triggers;
 - the newest event time per partition as of each committed batch, kept in the checkpoint
   (:func:`restored_newest`): Spark restores only the job's watermark after a restart, and the
   query is rebuilt with these so a quiet partition does not hold it back anew.
@@ -43,16 +41,17 @@ from pathlib import Path
 
 from pipeline import metrics, store
 # observed per batch: event_time_users/0 -> {"newest_ms": …}, late_versions_users -> {"count": …}
-from pipeline.enrich.lookups import LATE_VERSIONS_PREFIX, OBSERVED_PREFIX, clock_name, topic_of_clock
+from pipeline.enrich.lookups import LATE_VERSIONS_PREFIX, NEWEST_OBSERVED, clock_name, topic_of_clock
 from pipeline.listener import ProgressListener
+from pipeline.source.clock import write_clock_file
 
 log = logging.getLogger(__name__)
 CHANGELOGS = ("users", "items")
 
 
-def idle_file(data_dir: Path) -> Path:
-    """Where the driver says which changelog partitions are idle (read by the parse step)."""
-    return store.checkpoint_dir(data_dir).parent / "event-time" / "idle.json"
+def clock_file(data_dir: Path) -> Path:
+    """Where the driver keeps the event-time clock for the source (pipeline/source/clock.py)."""
+    return store.checkpoint_dir(data_dir).parent / "event-time" / "clock.json"
 
 
 NEWEST_FILE = "event-time-newest.json"  # in the checkpoint, so savepoints and restores carry it
@@ -96,11 +95,10 @@ def watermark_partitions(listed: dict[str, list[str]]) -> dict[str, list[int]]:
 def newest_from_progress(progress: dict) -> dict[str, int]:
     """The newest event time per changelog partition (and ``orders``) that this batch read
     (those with none are left out)."""
-    newest = {}
-    for name, values in (progress.get("observedMetrics") or {}).items():
-        if name.startswith(OBSERVED_PREFIX) and isinstance(values, dict) and values.get("newest_ms") is not None:
-            newest[name[len(OBSERVED_PREFIX):]] = int(values["newest_ms"])
-    return newest
+    values = (progress.get("observedMetrics") or {}).get(NEWEST_OBSERVED)
+    if not isinstance(values, dict):
+        return {}
+    return {str(name): int(ms) for name, ms in values.items() if ms is not None}
 
 
 def late_versions_from_progress(progress: dict) -> dict[str, int]:
@@ -135,18 +133,6 @@ def idle_topics(last_moved_ms: dict[str, int], backlog: dict[str, int | None], n
             if now_ms - moved >= timeout_ms and not (backlog.get(name) or 0)}
 
 
-def heartbeat_ms(newest: dict[str, int], idle: set[str]) -> int | None:
-    """The time a heartbeat moves idle changelog partitions to: the newest event time of the
-    changelog partitions still active, or of all of them when every one is idle (None while
-    none is idle, or none has a time)."""
-    if not idle:
-        return None
-    changelogs = {name: ms for name, ms in newest.items() if topic_of_clock(name) in CHANGELOGS}
-    active = [ms for name, ms in changelogs.items() if name not in idle]
-    times = active or list(changelogs.values())
-    return max(times) if times else None
-
-
 def topic_watermark(partitions: list[dict]) -> int | None:
     """A topic's watermark from its partitions' (``watermark_ms``, ``idle``): the least of those
     that hold it back (not idle; all of them when every one is idle). None while one of them has
@@ -165,9 +151,14 @@ def describe_clock(name: str) -> str:
 class EventClockListener(ProgressListener):
     """Per-partition watermarks and idle changelog partitions from the progress of the event-time query."""
 
-    def __init__(self, metrics_store: metrics.MetricsStore, data_dir: Path, out_of_orderness_ms: int, idle_timeout_ms: int):
+    def __init__(self, metrics_store: metrics.MetricsStore, data_dir: Path, out_of_orderness_ms: int, idle_timeout_ms: int,
+                 partitions: dict[str, list[int]] | None = None):
+        """``partitions``: the changelogs' partitions the query observes (as ``watermark_partitions``
+        gives them); each holds the watermark at 0 until it has a time, idle or not."""
         self.store, self.out_of_orderness_ms, self.idle_timeout_ms = metrics_store, out_of_orderness_ms, idle_timeout_ms
-        self.path = idle_file(data_dir)
+        self.followed = {clock_name(kind, p) for kind, parts in (partitions or {}).items() for p in parts}
+        self.path = clock_file(data_dir)
+        self.through: dict | None = None  # the end offset of the last batch taken in (None: none yet)
         self.checkpoint = store.checkpoint_dir(data_dir)
         self.newest: dict[str, int] = restored_newest(self.checkpoint)
         self.history: list[dict] = []
@@ -175,7 +166,7 @@ class EventClockListener(ProgressListener):
         self.last_moved_ms: dict[str, int] = {}
         self.backlog: dict[str, int | None] = {}
         self.idle: set[str] = set()
-        self.write_idle(set())  # a restarted job starts with every changelog partition active
+        self.write_clock()  # a restarted job starts with every changelog partition active
 
     def onQueryProgress(self, event) -> None:
         try:
@@ -206,9 +197,9 @@ class EventClockListener(ProgressListener):
         for name in sorted(self.idle - idle):
             self.store.event("topic_active", f"{describe_clock(name)} has new messages: it holds the event-time "
                              "watermark again", **_clock_details(name))
-        if idle != self.idle:
-            self.write_idle(idle)
-        self.idle = idle
+        changed, self.idle = idle != self.idle, idle
+        if changed:
+            self.write_clock()
 
     def observe(self, progress: dict) -> dict:
         """Take one batch's progress; returns (and stores) its ``watermarks`` row."""
@@ -217,6 +208,7 @@ class EventClockListener(ProgressListener):
             self.newest[name] = max(self.newest.get(name, newest), newest)
         self.keep_newest(progress["batchId"])
         source = (progress.get("sources") or [{}])[0]
+        self.through = metrics._offset(source.get("endOffset")) or None
         backlog = {}
         for name, (generation, position, unread) in partition_positions(
                 metrics._offset(source.get("endOffset")), metrics._offset(source.get("latestOffset"))).items():
@@ -226,6 +218,7 @@ class EventClockListener(ProgressListener):
             backlog[name] = unread
         self.backlog = backlog
         self.update_idle(ts_ms)
+        self.write_clock()  # the next batch waits for it (clock.wait_for_clock)
         watermark = (progress.get("eventTime") or {}).get("watermark")
         row = {"ts": progress["timestamp"], "ts_ms": ts_ms, "batch_id": progress["batchId"],
                "watermark_ms": _iso_ms(watermark) if watermark else None,
@@ -270,13 +263,10 @@ class EventClockListener(ProgressListener):
         tmp.write_text(json.dumps(self.history))
         os.replace(tmp, target)
 
-    def write_idle(self, idle: set[str]) -> None:
-        """The idle partitions, and the heartbeat time they move to (none while none is idle)."""
-        beat_ms = heartbeat_ms(self.newest, idle)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"idle": sorted(idle), **({"beat_ms": beat_ms} if beat_ms is not None else {})}))
-        os.replace(tmp, self.path)
+    def write_clock(self) -> None:
+        """The changelog partitions' newest times, the idle ones, and the batch taken in."""
+        names = self.followed | {name for name in self.newest if topic_of_clock(name) in CHANGELOGS}
+        write_clock_file(self.path, {name: self.newest.get(name) for name in sorted(names)}, self.idle, self.through)
 
 
 def _clock_details(name: str) -> dict:

@@ -15,7 +15,6 @@ is built; the operator itself runs on the executors, keyed by the lookup's id co
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import reduce
 from itertools import combinations
 from pathlib import Path
 
@@ -107,7 +106,7 @@ def apply_lookup(frame, lookup: Lookup, max_wait_ms: int):
 
 
 EVENT_JVM_CLASS = "statefulstreams.VersionedLookup"
-OBSERVED_PREFIX = "event_time_"  # observed metric per changelog partition (event_clock.py reads them)
+NEWEST_OBSERVED = "event_time_newest"  # observed metric: newest time per changelog partition (clock name) and of orders
 LATE_VERSIONS_PREFIX = "late_versions_"  # observed metric per changelog: late versions read in the batch
 WATERMARK_COLUMN = "watermark_time"  # the timestamp Spark's watermark is taken from (event time only)
 
@@ -124,38 +123,42 @@ def topic_of_clock(name: str) -> str:
     return name.split("/", 1)[0]
 
 
-def with_event_watermarks(frame, order_time: str, out_of_orderness_ms: int, restored: dict[str, int] | None = None,
+def with_event_watermarks(frame, order_time: str, out_of_orderness_ms: int,
                           partitions: dict[str, list[int]] | None = None, on_every_row=None,
                           future_horizon_ms: int | None = None):
-    """Envelope rows with their event time (``event_ms``) and Spark's event-time watermark set to
-    the least of the changelog partitions' watermarks (called on the driver while the query is built).
+    """Envelope rows with their event time (``event_ms``) and Spark's event-time watermark: the
+    least of the changelog partitions' newest event times, minus the out-of-orderness (called on
+    the driver while the query is built).
 
     An order's time is its ``created_at`` (``order_time = created_at``) or its message event time;
     a version's time is its message event time, or its publish time when it has none. A dead
     letter's time counts for no watermark: its payload or its time could not be read, so its
     time is not trusted either (a message time the source could not hold makes one). Nor does a
     time more than ``future_horizon_ms`` past the message's own publish time (None: no such
-    bound): one order of the year 9999 read while the changelogs are idle (below) would carry the
+    bound): one order of the year 9999 read while the changelogs are idle would carry the
     watermark there for good (Spark's watermark never goes back), making every later order late;
-    a version dated ahead is still stored, it just does not say the changelog has got there. Each
-    partition of each changelog (``partitions``: changelog -> partition numbers, -1 for a topic
-    that is not partitioned, the default) gets its own watermark (its newest event time minus the
-    out-of-orderness) on a branch that sees every row of the batch (rows of other partitions and
-    topics do not count, so a partition with nothing read yet holds the watermark at 0); the
-    branches are then cut to disjoint rows and united, and Spark keeps the least watermark (its
-    default ``min`` policy). The cost: the source is read and parsed once per branch. A partition
-    the driver has marked idle (its name in the rows' ``idle_topics``) takes every row's time
-    instead, so it stops holding the watermark back. Each branch observes its partition's newest
-    event time per batch (``event_time_<clock name>``). Partitions are listed when the query is
-    built: rows of a partition added later count for no watermark until the job restarts.
-    ``on_every_row`` (a function of a frame) is applied once, to the first branch before its cut,
-    where it sees every row of the batch once (the job counts the source's rows there).
+    a version dated ahead is still stored, it just does not say the changelog has got there.
 
-    # out: {… "event_ms": 1700000000123} (and Spark's watermark, the least of the partitions')
+    The source is read once, and there is one watermark node: each row's time counts up to its
+    ``watermark_bound``, which the source gives it from the clock the driver keeps
+    (pipeline/source/clock.py: a row of an active changelog partition counts up to the least
+    newest time of the others, other rows not at all until every changelog partition is idle),
+    and a batch whose clock moved carries one clock row at the clock's time. So no row moves the
+    watermark past the least newest time of the active partitions, and where one partition moves
+    alone in a batch, the watermark gets as far as one node per partition would have taken it.
+    Each changelog partition's newest event time per batch is observed (``event_time_<clock
+    name>``, ``partitions``: changelog -> partition numbers, -1 for a topic that is not
+    partitioned, the default), and the orders' (``event_time_orders``): the driver's clock
+    (event_clock.py) follows them. Partitions are listed when the query is built: rows of a
+    partition added later hold no watermark back, and move none, until the job restarts.
+    ``on_every_row`` (a function of a frame) is applied to the rows before the clock rows are
+    dropped (the job counts the source's rows there).
+
+    # out: {… "event_ms": 1700000000123} (and Spark's watermark)
     """
     from pyspark.sql import functions as F
 
-    from pipeline.source.reader import HEARTBEAT_KIND
+    from pipeline.source.reader import CLOCK_KIND
     from pipeline.wire import MAX_TIME_MS, MIN_TIME_MS
 
     message_time = F.coalesce(F.col("event_time"), F.col("published_at"))
@@ -169,45 +172,27 @@ def with_event_watermarks(frame, order_time: str, out_of_orderness_ms: int, rest
     if future_horizon_ms is not None:
         ahead = F.col("event_ms") - F.col("published_at")
         held = held & F.coalesce(ahead <= F.lit(int(future_horizon_ms)), F.lit(True))
-    kind, idle = F.col("kind"), F.coalesce(F.col("idle_topics"), F.lit(""))
-    clocks = [(lookup.changelog, int(p)) for lookup in (USERS, ITEMS)
-              for p in sorted((partitions or {}).get(lookup.changelog) or [-1])]
-    owns = [(kind == changelog) & (F.coalesce(F.col("source_partition"), F.lit(-1)) == p) for changelog, p in clocks]
-    everything_else = ~reduce(lambda a, b: a | b, owns[1:], F.lit(False))  # the first branch keeps these
-    sides = []
-    for index, ((changelog, partition), own) in enumerate(zip(clocks, owns)):
-        name = clock_name(changelog, partition)
-        # an idle partition (event_clock.py) counts every row's time: it no longer holds the watermark back
-        counts = own | F.array_contains(F.split(idle, ","), name)
-        # Rows of other partitions and topics do not count (an empty partition holds the watermark
-        # at 0), except after a restart, where they count as the newest time this partition had
-        # reached (``restored``): Spark restores only the job's watermark, and a quiet partition
-        # must not hold it back anew.
-        floor = (F.timestamp_millis(F.lit(int(restored[name])))
-                 if restored and MIN_TIME_MS <= int(restored.get(name, MIN_TIME_MS - 1)) <= MAX_TIME_MS
-                 else F.lit(None).cast("timestamp"))
-        stamped = F.when(counts & held, F.timestamp_millis(F.col("event_ms"))).otherwise(floor)
-        observed = F.max(F.when(own & held, F.col("event_ms"))).alias("newest_ms")  # restored after a restart
-        side = timed.withColumn(WATERMARK_COLUMN, stamped).observe(f"{OBSERVED_PREFIX}{name}", observed)
-        if index == 0:  # the orders' newest time too, for the console (the first branch carries the orders)
-            side = side.observe(f"{OBSERVED_PREFIX}orders", F.max(F.when((kind == "orders") & held,
-                                                                         F.col("event_ms"))).alias("newest_ms"))
-            if on_every_row is not None:
-                side = on_every_row(side)
-        # a heartbeat row (an idle partition's, from the source) has moved the watermark: it goes here
-        keep = (everything_else & (kind != HEARTBEAT_KIND)) if index == 0 else own
-        stamp = F.col(WATERMARK_COLUMN)
-        # The cut must stay above the watermark: Spark pushes a filter below a watermark unless it
-        # reads the watermark column, and the branch's watermark must see every row of the batch.
-        cut = F.when(keep, stamp.isNull() | stamp.isNotNull()).otherwise(F.lit(False))
-        sides.append(side.withWatermark(WATERMARK_COLUMN, f"{int(out_of_orderness_ms)} milliseconds").filter(cut))
+    kind = F.col("kind")
+    stamped = timed.withColumn(WATERMARK_COLUMN, F.when(
+        held & F.col("watermark_bound").isNotNull(),
+        F.timestamp_millis(F.least(F.col("event_ms"), F.col("watermark_bound")))))
+    observed = [F.max(F.when((kind == "orders") & held, F.col("event_ms"))).alias(clock_name("orders", -1))]
+    for lookup in (USERS, ITEMS):
+        for p in sorted((partitions or {}).get(lookup.changelog) or [-1]):
+            own = (kind == lookup.changelog) & (F.coalesce(F.col("source_partition"), F.lit(-1)) == int(p))
+            observed.append(F.max(F.when(own & held, F.col("event_ms"))).alias(clock_name(lookup.changelog, p)))
+    stamped = stamped.observe(NEWEST_OBSERVED, *observed)
+    if on_every_row is not None:
+        stamped = on_every_row(stamped)
+    # The clock rows have moved the watermark: they go. The cut must stay above the watermark:
+    # Spark pushes a filter below a watermark unless it reads the watermark column.
+    stamp = F.col(WATERMARK_COLUMN)
+    cut = F.when(kind != CLOCK_KIND, stamp.isNull() | stamp.isNotNull()).otherwise(F.lit(False))
     # Spark's stateful operators drop input rows whose event-time column is below the watermark;
     # without the column the lookups see every row (late orders are decided, never dropped) and
-    # still get the watermark, which the plan's watermark nodes keep.
-    united = sides[0]
-    for side in sides[1:]:
-        united = united.unionByName(side)
-    return united.drop(WATERMARK_COLUMN)
+    # still get the watermark, which the plan's watermark node keeps.
+    return (stamped.withWatermark(WATERMARK_COLUMN, f"{int(out_of_orderness_ms)} milliseconds")
+            .filter(cut).drop(WATERMARK_COLUMN))
 
 
 def apply_event_lookup(frame, lookup: Lookup, max_wait_ms: int, allowed_lateness_ms: int, future_after_ms: int):

@@ -30,8 +30,6 @@ would give (tests/test_parse.py holds the two to each other over fuzzed batches)
 from __future__ import annotations
 
 import io
-import json
-from pathlib import Path
 from typing import Iterator
 
 import pyarrow as pa
@@ -39,18 +37,19 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from pipeline import wire
-from pipeline.source.reader import HEARTBEAT_KIND
+from pipeline.source.reader import CLOCK_KIND
 from pipeline.enrich import rules
 
 ENVELOPE_ARROW_SCHEMA = rules.ENVELOPE_ARROW_SCHEMA
 # envelope column <- source column, carried over as they are
 FROM_SOURCE = {"kind": "kind", "source_topic": "topic", "source_partition": "partition",
-               "source_message_id": "message_id", "position": "position", "key": "key"}
+               "source_message_id": "message_id", "position": "position", "key": "key",
+               "watermark_bound": "watermark_bound"}
 DECIDED = rules.DECIDED_COLUMNS
 DECIDED_SCHEMA = pa.schema([ENVELOPE_ARROW_SCHEMA.field(name) for name in ENVELOPE_ARROW_SCHEMA.names
                             if name in DECIDED])
 
-# A heartbeat row of the source (an idle partition's, event time only) becomes a ``tick``: it
+# A clock row of the source (event time only: pipeline/source/clock.py) becomes a ``tick``: it
 # moves the watermark (lookups.with_event_watermarks) and is dropped right after.
 TICK = "tick"
 
@@ -64,20 +63,17 @@ _PARSE_OPTIONS = {kind: pj.ParseOptions(explicit_schema=schema, unexpected_field
                                         newlines_in_values=False) for kind, schema in _WIRE_SCHEMAS.items()}
 
 
-def parse_batches(batches: Iterator[pa.RecordBatch], idle_path: str | None = None,
+def parse_batches(batches: Iterator[pa.RecordBatch],
                   timed_by_message: list[str] | tuple[str, ...] = ()) -> Iterator[pa.RecordBatch]:
     """Turn source record batches into envelope record batches (``rules.ENVELOPE_SPARK_SCHEMA``).
 
-    Event time only: ``idle_path``, the driver's file of idle changelogs
-    (``event_clock.idle_file``), stamped on every row as ``idle_topics``; ``timed_by_message``,
-    the kinds whose rows are timed by their message's time (``rules.timed_by_message``): a
+    Event time only: ``timed_by_message``, the kinds whose rows are timed by their message's time (``rules.timed_by_message``): a
     message of one whose time the source could not hold is a dead letter. In processing time
     no message's time decides anything, and such a message goes on (its times None).
     # {"kind": "orders", "op": "order", "user_id": 17, "item_id": 4, "price": 9.5, …, "user_state": None, …}
     """
-    idle = read_idle(idle_path)
     for batch in batches:
-        if batch.num_rows and batch.column("kind")[0].as_py() == HEARTBEAT_KIND:  # a heartbeat's own task
+        if batch.num_rows and batch.column("kind")[0].as_py() == CLOCK_KIND:  # the batch's clock row
             decided = pa.RecordBatch.from_arrays(
                 [pa.repeat(pa.scalar(TICK, pa.string()), batch.num_rows) if field.name == "op"
                  else pa.nulls(batch.num_rows, field.type) for field in DECIDED_SCHEMA], schema=DECIDED_SCHEMA)
@@ -93,24 +89,11 @@ def parse_batches(batches: Iterator[pa.RecordBatch], idle_path: str | None = Non
                 arrays.append(pc.divide(pc.cast(batch.column("publish_time"), pa.int64()), 1000))
             elif field.name == "event_time" and "event_time" in batch.schema.names:  # epoch ms, or None
                 arrays.append(batch.column("event_time").cast(field.type))
-            elif field.name == "idle_topics":
-                arrays.append(pa.array([idle] * batch.num_rows, pa.string()))
             elif field.name == "redrive_of":
                 arrays.append(_redrives(batch.column("properties")))
             else:  # filled in by the lookups
                 arrays.append(pa.nulls(batch.num_rows, field.type))
         yield pa.RecordBatch.from_arrays(arrays, schema=ENVELOPE_ARROW_SCHEMA)
-
-
-def read_idle(path: str | None) -> str | None:
-    """The idle changelogs the driver has written (``"items,users"``), or None (none idle, no file)."""
-    if not path:
-        return None
-    try:
-        topics = json.loads(Path(path).read_text()).get("idle") or []
-    except (OSError, ValueError, AttributeError):
-        return None
-    return ",".join(sorted(str(topic) for topic in topics)) or None
 
 
 def decide_batch(batch: pa.RecordBatch, timed_by_message: tuple[str, ...] = ()) -> pa.RecordBatch:

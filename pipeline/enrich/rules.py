@@ -49,16 +49,16 @@ ENVELOPE_SPARK_SCHEMA = ", ".join([
     "first_seen_ms long, waited_ms long",
     # Event time (enrichment.time = event; null in processing time): the message's event time,
     # the row's own time (an order's time, a version's time), how the order's time stood when
-    # first judged (1 late, 2 future, 0 neither: event_rules.LATE_FLAG, FUTURE_FLAG), the
-    # changelogs idle when it was parsed ("users,items"; event_clock.py), and per lookup the
-    # time of the version it was enriched as of.
-    "event_time long, event_ms long, late long, idle_topics string",
+    # first judged (1 late, 2 future, 0 neither: event_rules.LATE_FLAG, FUTURE_FLAG), the most
+    # its time may count for the watermark (the source's watermark_bound: pipeline/source/clock.py),
+    # and per lookup the time of the version it was enriched as of.
+    "event_time long, event_ms long, late long, watermark_bound long",
     *(f"{lookup.as_of_column} long" for lookup in LOOKUPS)])
 _ARROW_TYPES = {"string": pa.string(), "int": pa.int32(), "long": pa.int64(), "double": pa.float64()}
 ENVELOPE_ARROW_SCHEMA = pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in
                                    (part.strip().split(" ") for part in ENVELOPE_SPARK_SCHEMA.split(","))])
 # The event-time columns: always null in processing time, so that job leaves them out of its lookups.
-EVENT_TIME_COLUMNS = ("event_time", "event_ms", "late", "idle_topics", *(lookup.as_of_column for lookup in LOOKUPS))
+EVENT_TIME_COLUMNS = ("event_time", "event_ms", "late", "watermark_bound", *(lookup.as_of_column for lookup in LOOKUPS))
 ENVELOPE_FIELDS = tuple(part.strip().split(" ")[0] for part in ENVELOPE_SPARK_SCHEMA.split(","))
 # Wire field -> envelope column, per topic. Ids are never null in the envelope (0 where unused),
 # so every row has a key in every lookup.

@@ -18,6 +18,8 @@ Schema (one row per message)::
     event_time long      event time the producer set (epoch ms), or None
     time_error string    why a time the message carried is None above (past the year 9999: an
                          event time of 2**64-1, say), naming it and its value; else None
+    watermark_bound long the most this row's time may count for an event-time watermark, or
+                         None: it counts for none (option ``clockFile``)
 
 Options:
 
@@ -33,13 +35,12 @@ Options:
   and the others' newest entries are asked first. ``shareAfter`` (default 10): after that many
   batches in a row that the changelogs filled while others waited, the others get a fair share.
   A changelog being replayed shares fairly from the start.
-- ``heartbeatFile``: a JSON file ``{"idle": ["items", "users/0"], "beat_ms": T}`` that says
-  which partitions are idle (named ``kind`` for a topic that is not partitioned, else
-  ``kind/partition``) and a time. When it names an idle partition whose last heartbeat is older
-  than T, the source advances that partition's heartbeat in its offset (``beat_ms``), so Spark
-  runs a batch with no new message, and yields one row for it: kind ``heartbeat``, that
-  partition, event time T, no key or value. Event time uses it to move the watermark of a
-  stream that went quiet (pipeline/enrich/event_clock.py); re-reading the batch gives the same row.
+- ``clockFile``: the event-time clock a driver keeps (pipeline/source/clock.py): each
+  changelog partition's newest event time, which are idle, and the batch it has taken in. Each
+  batch's end offset carries those facts (``newest_ms``, ``idle`` per changelog partition), so
+  a re-read batch carries the same; every row gets its ``watermark_bound`` from them; and when
+  the clock has moved with no new message the source still plans a batch, with one row of kind
+  ``clock`` at the clock's time (no key or value), so a quiet stream's watermark moves too.
 - ``statsDir``: a folder where read tasks record what each partition's entries hold, for the
   estimates above (without it every batch is planned with the cold guess).
 - ``startingOffsets``: ``earliest`` (default), or JSON like ``{"orders": "latest"}``.
@@ -85,6 +86,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 
 from pipeline.errors import SourceError
 from pipeline.freed_memory import give_back_freed_memory
+from pipeline.source import clock as clk
 from pipeline.source import offsets as off
 from pipeline.source import planning, probes
 from pipeline.source import reader as rd
@@ -94,6 +96,9 @@ PARTITION_REFRESH_S = 10.0
 SPLIT_ROWS = 10_000  # a partition's messages in one batch are read (and parsed) in pieces of about this
 MAX_PROBES = 3  # probes for a partition's first ledger before it is read without knowing it
 SHARE_AFTER = 10  # batches the changelogs may fill in a row before the other kinds get a share
+CLOCK_WAIT_S = 1.0  # how long planning waits for the driver's clock to take in the batch before
+BOUND_INDEX = rd.SPARK_SCHEMA_NAMES.index("watermark_bound")
+BOUND_FIELD = "watermark_bound"
 
 
 def parse_topics_option(text: str | None) -> dict[str, str]:
@@ -158,17 +163,20 @@ def _whole_number(options: dict, name: str, minimum: int = 1) -> int | None:
 
 
 class PulsarPartition(InputPartition):
-    def __init__(self, kind: str, topic: str, rng: off.Range):
+    """A range of one topic partition's messages, with the watermark bound of its rows and, on
+    one piece of a batch whose clock moved, the clock row to yield after them (option clockFile)."""
+
+    def __init__(self, kind: str, topic: str, rng: off.Range, bound: int | None = None, clock_ms: int | None = None):
         super().__init__((kind, topic))
-        self.kind, self.topic, self.rng = kind, topic, rng
+        self.kind, self.topic, self.rng, self.bound, self.clock_ms = kind, topic, rng, bound, clock_ms
 
 
-class HeartbeatPartition(InputPartition):
-    """One heartbeat row of an idle partition (option ``heartbeatFile``)."""
+class ClockPartition(InputPartition):
+    """The clock row of a batch that reads no message (option ``clockFile``)."""
 
-    def __init__(self, kind: str, partition: str, beat_ms: int):
-        super().__init__((rd.HEARTBEAT_KIND, kind, partition))
-        self.kind, self.partition, self.beat_ms = kind, partition, int(beat_ms)
+    def __init__(self, clock_ms: int):
+        super().__init__((rd.CLOCK_KIND, clock_ms))
+        self.clock_ms = int(clock_ms)
 
 
 class ProbePartition(InputPartition):
@@ -197,7 +205,7 @@ class PulsarStreamReader(DataSourceStreamReader):
             raise SourceError(f"option 'changelogs' names {sorted(self.changelogs - set(self.topics))}, "
                               f"which are not in option 'topics' ({sorted(self.topics)})")
         self.stats_dir = options.get("statsDir") or None
-        self.heartbeat_file = options.get("heartbeatFile") or None
+        self.clock_file = options.get("clockFile") or None
         self.starting = parse_starting_offsets(options.get("startingOffsets"), list(self.topics))
         self.control_dir = Path(options["controlDir"]) if options.get("controlDir") else None
         self.auth_token = options.get("authToken") or None
@@ -290,11 +298,11 @@ class PulsarStreamReader(DataSourceStreamReader):
             plan = planning.Plan({key: grant if key.split("\x00")[0] in first else 0 for key, grant in plan.grants.items()},
                                  held_for, False)
         end = json.loads(json.dumps(offset))
-        beats = self._heartbeats(end)
+        clock_moved = self._take_clock(start, end)
         for kind, p in probes_due:
             end[kind]["parts"][p]["probe"] = end[kind]["parts"][p].get("probe", 0) + 1
-        if not (any(plan.grants.values()) or beats or probes_due):
-            return offset  # nothing to read, beat or probe: the same offset, so Spark runs no batch
+        if not (any(plan.grants.values()) or clock_moved or probes_due):
+            return offset  # nothing to read, no clock to move, no probe: Spark runs no batch
         admitted = {kind: {"entries": 0, "messages": 0, "bytes": 0} for kind in end}
         for key, grant in plan.grants.items():
             if grant:
@@ -329,24 +337,17 @@ class PulsarStreamReader(DataSourceStreamReader):
         return (bool(self.stats_dir) and last is not None and part["id"] == off.EARLIEST
                 and -1 not in {int(k) for k in (ledgers or {}).get("next", {})} and part.get("probe", 0) < MAX_PROBES)
 
-    def _heartbeats(self, offset: dict) -> int:
-        """Advance, in ``offset``, the heartbeat of each idle partition the heartbeat file names
-        whose last one is older than the file's time; returns how many moved."""
-        if not self.heartbeat_file:
-            return 0
-        try:
-            beat = json.loads(Path(self.heartbeat_file).read_text())
-            beat_ms, idle = int(beat["beat_ms"]), [str(name) for name in beat["idle"]]
-        except (OSError, ValueError, KeyError, TypeError):
-            return 0  # no heartbeat yet (or a file being replaced): the next trigger looks again
-        moved = 0
-        for name in idle:
-            kind, _, partition = name.partition("/")
-            part = offset.get(kind, {}).get("parts", {}).get(str(int(partition)) if partition else "-1")
-            if part is not None and part.get("beat_ms", -(1 << 62)) < beat_ms:
-                part["beat_ms"] = beat_ms
-                moved += 1
-        return moved
+    def _take_clock(self, start: dict, end: dict) -> bool:
+        """Copy the clock file's facts into ``end`` (option ``clockFile``); whether the clock
+        moved from ``start``'s, so a batch must run even with no new message."""
+        if not self.clock_file:
+            return False
+        clock = clk.wait_for_clock(self.clock_file, start, CLOCK_WAIT_S)
+        if clock is None:
+            return False
+        clk.with_facts(end, clock, self.changelogs)
+        moved = clk.clock_ms(clk.facts_of(end, self.changelogs))
+        return moved is not None and moved != clk.clock_ms(clk.facts_of(start, self.changelogs))
 
     def _apply_replay_requests(self, offset: dict) -> dict:
         """Switch a changelog topic to a new generation when a newer replay request exists."""
@@ -386,10 +387,17 @@ class PulsarStreamReader(DataSourceStreamReader):
         probing = [ProbePartition(kind, self.topics[kind], p) for kind, topic_end in end.items()
                    for p, part in topic_end["parts"].items()
                    if part.get("probe", 0) != starts.get((kind, p), {}).get("probe", 0)]
-        beats = [HeartbeatPartition(kind, p, part["beat_ms"]) for kind, topic_end in end.items()
-                 for p, part in topic_end["parts"].items()
-                 if "beat_ms" in part and part["beat_ms"] != ((start or {}).get(kind, {}).get("parts", {}).get(p) or {}).get("beat_ms")]
-        return [PulsarPartition(r.topic, self.topics[r.topic], r) for r in pieces] + beats + probing
+        facts = clk.facts_of(end, self.changelogs)
+        bounds = clk.row_bounds(facts)
+        reads = [PulsarPartition(r.topic, self.topics[r.topic], r,
+                                 bounds.get(clk.partition_name(r.topic, r.partition), bounds[""])) for r in pieces]
+        clock_ms = clk.clock_ms(facts)
+        if clock_ms is None or clock_ms == clk.clock_ms(clk.facts_of(start, self.changelogs)):
+            return reads + probing
+        if reads:  # the clock row rides with the batch's first read: no task of its own
+            reads[0].clock_ms = clock_ms
+            return reads + probing
+        return [ClockPartition(clock_ms)] + probing
 
     def commit(self, end: dict) -> None:
         """Nothing to acknowledge: readers are non-durable, and retention keeps the changelogs."""
@@ -403,22 +411,28 @@ class PulsarStreamReader(DataSourceStreamReader):
             planning.record_ledgers(self.stats_dir, partition.kind, partition.partition,
                                     rd.probe_first_ledger(self.service_url, partition.topic, partition.partition))
             return
-        if isinstance(partition, HeartbeatPartition):
-            beat = rd.heartbeat_row(partition.partition, partition.beat_ms)
-            transform = load_transform(self.transform, self.transform_args)
-            yield from transform(iter([beat])) if transform else [beat]
+        transform = load_transform(self.transform, self.transform_args)
+        if isinstance(partition, ClockPartition):
+            clock = rd.clock_row(partition.clock_ms)
+            yield from transform(iter([clock])) if transform else [clock]
             return
+        import pyarrow as pa
+
         read = [0, 0]  # messages, bytes: what this range's entries held, for the planner's estimates
 
         def counted(batches):
             for batch in batches:
                 read[0] += batch.num_rows
                 read[1] += batch.nbytes
+                if partition.bound is not None:
+                    bound = pa.repeat(pa.scalar(partition.bound, pa.int64()), batch.num_rows)
+                    batch = batch.set_column(BOUND_INDEX, BOUND_FIELD, bound)
                 yield batch
+            if partition.clock_ms is not None:
+                yield rd.clock_row(partition.clock_ms)
         rng = partition.rng
         found = rd.LedgerFacts()  # where ledgers end, as this read meets them
         batches = counted(rd.read_range(self.service_url, partition.topic, partition.kind, rng, ledgers=found))
-        transform = load_transform(self.transform, self.transform_args)
         yield from transform(batches) if transform else batches
         planning.record_read(self.stats_dir, partition.kind, rng.partition, found.entries, *read)
         planning.record_ledgers(self.stats_dir, partition.kind, rng.partition, found)

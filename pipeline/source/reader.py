@@ -275,7 +275,8 @@ class _Block:
                    pa.repeat(pa.scalar(gen, pa.int64()), n), pa.array(self.keys, pa.string()),
                    pa.array(self.values, pa.binary()), published, pa.array(self.properties, pa.string()),
                    pc.if_else(pc.equal(event_times, 0), None, event_times),  # 0: the producer set none
-                   _time_errors(n, event_errors, published_errors)]
+                   _time_errors(n, event_errors, published_errors),
+                   pa.nulls(n, pa.int64())]  # watermark_bound: set by the source for event time (clock.py)
         return pa.RecordBatch.from_arrays(columns, schema=arrow_schema())
 
 
@@ -484,24 +485,28 @@ def arrow_schema():
         # a time the message carried that the row cannot hold (its column is None then), named
         # with its value: "message event_time 18446744073709551615 is outside …"; else None
         ("time_error", pa.string()),
+        # the most this row's time may count for the event-time watermark, or None: it counts
+        # for none (option clockFile, pipeline/source/clock.py)
+        ("watermark_bound", pa.int64()),
     ])
 
 
 SPARK_SCHEMA = ("kind string, topic string, partition int, message_id string, position long, generation long, "
                 "key string, value binary, publish_time timestamp, properties string, event_time long, "
-                "time_error string")
+                "time_error string, watermark_bound long")
 SPARK_SCHEMA_NAMES = [column.split()[0] for column in SPARK_SCHEMA.split(", ")]
 
 
-HEARTBEAT_KIND = "heartbeat"  # the kind of a heartbeat row: no topic's (datasource.py, option heartbeatFile)
+CLOCK_KIND = "clock"  # the kind of a clock row: no topic's (datasource.py, option clockFile)
 
 
-def heartbeat_row(partition: str, beat_ms: int):
-    """The one row of a heartbeat of an idle partition: event time ``beat_ms``, no key, no value,
-    an id no message has (``heartbeat:<ms>``); every other column None."""
+def clock_row(clock_ms: int):
+    """The one row that carries the event-time clock to the watermark when it moved (a quiet
+    stream has no other row to carry it): event time ``clock_ms``, counting whole, no key, no
+    value, an id no message has (``clock:<ms>``); every other column None."""
     import pyarrow as pa
 
     schema = arrow_schema()
-    values = {"kind": HEARTBEAT_KIND, "partition": int(partition), "message_id": f"{HEARTBEAT_KIND}:{beat_ms}",
-              "position": 0, "generation": 0, "event_time": int(beat_ms)}
+    values = {"kind": CLOCK_KIND, "partition": -1, "message_id": f"{CLOCK_KIND}:{clock_ms}",
+              "position": 0, "generation": 0, "event_time": int(clock_ms), "watermark_bound": int(clock_ms)}
     return pa.RecordBatch.from_pylist([{name: values.get(name) for name in schema.names}], schema=schema)
