@@ -7,11 +7,11 @@ STAMP := $(VENV)/.installed
 
 # The lookup operator's source and jar (defined before the rules that name them: make expands a
 # rule's prerequisites as it reads the rule).
-LOOKUP_SRC := $(wildcard pipeline/enrich/jvm/statefulstreams/*.java)
-LOOKUP_JAR := pipeline/enrich/jvm/build/changelog-lookup.jar
+LOOKUP_SRC := $(wildcard pipeline/jvm/statefulstreams/*.java)
+LOOKUP_JAR := pipeline/jvm/build/changelog-lookup.jar
 # The driver JVM's class-data archive (pipeline/class_archive.py), built by one run of the job;
 # the stamp records the attempt, so a failed one is not retried on every make.
-CLASS_ARCHIVE := pipeline/enrich/jvm/build/spark-classes.stamp
+CLASS_ARCHIVE := pipeline/jvm/build/spark-classes.stamp
 
 .PHONY: setup system-deps apache-pulsar demo test test-fast bench clean
 
@@ -31,9 +31,9 @@ $(LOOKUP_JAR): $(LOOKUP_SRC) $(STAMP)
 	@command -v javac >/dev/null || { echo "installing a JDK to build the lookup operator"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq openjdk-17-jdk-headless >/dev/null; }
 	@jars=$$($(PY) -c "import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), 'jars'))"); \
-	  rm -rf pipeline/enrich/jvm/build/classes && mkdir -p pipeline/enrich/jvm/build/classes && \
-	  javac -nowarn --release 17 -cp "$$jars/*" -d pipeline/enrich/jvm/build/classes $(LOOKUP_SRC) && \
-	  jar cf $@.tmp -C pipeline/enrich/jvm/build/classes . && mv $@.tmp $@ && echo "built $@"
+	  rm -rf pipeline/jvm/build/classes && mkdir -p pipeline/jvm/build/classes && \
+	  javac -nowarn --release 17 -cp "$$jars/*" -d pipeline/jvm/build/classes $(LOOKUP_SRC) && \
+	  jar cf $@.tmp -C pipeline/jvm/build/classes . && mv $@.tmp $@ && echo "built $@"
 
 # Spark's classes archived for a faster driver start; rebuilt when the jar or the venv changes.
 # A failed training run prints one note and leaves Spark to start without it.

@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ARCHIVE = Path(__file__).resolve().parent / "enrich" / "jvm" / "build" / "spark-classes.jsa"
+ARCHIVE = Path(__file__).resolve().parent / "jvm" / "build" / "spark-classes.jsa"
 # Without these the JVM prints a line per class it cannot archive (and, with a stale archive,
 # why it ignores it) on every start.
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"

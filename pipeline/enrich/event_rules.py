@@ -26,7 +26,7 @@ class EventEnrichmentModel(EnrichmentModel):
 
 
 # ---------------------------------------------------------------- event time (enrichment.time = event)
-# The decisions of VersionedLookup (pipeline/enrich/jvm/), the event-time twin of ChangelogLookup.
+# The decisions of VersionedLookup (pipeline/jvm/), the event-time twin of ChangelogLookup.
 # A version is (time_ms, read_order, record): record None is a tombstone; read_order breaks ties
 # between versions of one time (the later read wins). The watermark is Spark's: per changelog topic
 # the newest event time read minus the out-of-orderness, the least of the two (users, items).

@@ -8,7 +8,7 @@ model in rules.py, the operator's arguments) is derived from :data:`LOOKUPS`, so
 changelog is one more entry here plus its wire fields (pipeline/wire.py) and topic setting.
 
 :func:`apply_lookup` runs one lookup as the generic Java ``ChangelogLookup``
-(pipeline/enrich/jvm/) through ``transformWithState``: called on the driver while the query
+(pipeline/jvm/) through ``transformWithState``: called on the driver while the query
 is built; the operator itself runs on the executors, keyed by the lookup's id column.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 from pipeline.errors import ConfigError
 
 JVM_CLASS = "statefulstreams.ChangelogLookup"
-JAR_PATH = Path(__file__).resolve().parent / "jvm" / "build" / "changelog-lookup.jar"
+JAR_PATH = Path(__file__).resolve().parent.parent / "jvm" / "build" / "changelog-lookup.jar"
 # Roles the operator understands (ChangelogLookup.SET/DELETE/LOOKUP); any other role passes through.
 SET, DELETE, LOOKUP, PASS = "set", "delete", "lookup", "pass"
 # Spark reads a changelog's rows in this order; the operator applies one key's changes in it.

@@ -3,7 +3,7 @@
 - :func:`route_messages`: what each message is (upsert, tombstone, order or dead letter), as
   envelope columns; the parse step runs it on every message.
 - :class:`LookupModel`: what one lookup decides per key (found, wait, missing), as the Java
-  ``ChangelogLookup`` (pipeline/enrich/jvm/) must; :class:`EnrichmentModel` chains the lookups
+  ``ChangelogLookup`` (pipeline/jvm/) must; :class:`EnrichmentModel` chains the lookups
   as the job does. A model-based test runs random streams through both and compares the sinks.
 - :func:`sink_of` / :func:`with_sinks`: which sink a decided row goes to, and why it is missing.
 - Event time has its own module, pipeline/enrich/event_rules.py (versions, watermarks, lateness).
