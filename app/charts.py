@@ -8,12 +8,18 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
+from pipeline.enrich import lookups
+
 SINK_COLOURS = {"enriched": "#2e7d32", "missing_state": "#f9a825", "dead_letter": "#c62828"}
 SINK_LABELS = {"enriched": "enriched", "missing_state": "missing state", "dead_letter": "dead letter"}
-REASON_COLOURS = {"user": "#1565c0", "item": "#ef6c00", "user_and_item": "#6a1b9a", "late": "#757575",
-                  "future": "#00838f"}
 LEVEL_COLOURS = {"OK": "#2e7d32", "LOW": "#f9a825", "HIGH": "#c62828"}
-TOPIC_COLOURS = {"orders": "#1565c0", "users": "#6a1b9a", "items": "#ef6c00"}
+# Colours follow the lookups (pipeline/enrich/lookups.py) in order, from a palette: the reasons
+# a lookup gives (user, item, user_and_item, …), and the topics (the orders, then each
+# changelog). Plotly picks its own for any beyond the palette.
+REASON_COLOURS = {**dict(zip(lookups.LOOKUP_REASONS, ("#1565c0", "#ef6c00", "#6a1b9a", "#2e7d32", "#ad1457",
+                                                      "#4e342e", "#283593", "#9e9d24"))),
+                  lookups.LATE: "#757575", lookups.FUTURE: "#00838f"}
+TOPIC_COLOURS = dict(zip(("orders", *lookups.CHANGELOGS), ("#1565c0", "#6a1b9a", "#ef6c00", "#2e7d32", "#ad1457")))
 
 
 def _layout(figure: go.Figure, title: str, y_title: str, x_title: str = "time (UTC)", height: int = 320) -> go.Figure:

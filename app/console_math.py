@@ -14,6 +14,8 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
+from pipeline.enrich import lookups
+
 # ------------------------------------------------------------------------------- skew
 
 SKEW_CAP_PERCENT = 100.0
@@ -390,23 +392,30 @@ def mask_value(value: Any) -> Any:
 
 # ---------------------------------------------------------------------- missing state
 
-MISSING_REASONS = {"user": ("user",), "item": ("item",), "user_and_item": ("user", "item")}
+# The lookups (pipeline/enrich/lookups.py): their changelogs, their names ("user", "item") and
+# the ones each missing-state reason names: {"user": ("user",), …, "user_and_item": ("user", "item")}.
+CHANGELOGS = lookups.CHANGELOGS
+LOOKUP_NAMES = tuple(lookup.reason for lookup in lookups.LOOKUPS)
+MISSING_REASONS = {reason: tuple(lookup.reason for lookup in lookups.lookups_missing(reason))
+                   for reason in lookups.LOOKUP_REASONS}
+UNDECIDED_REASONS = {  # event time: decided by no lookup
+    lookups.LATE: "late: older than the watermark minus the allowed lateness when read",
+    lookups.FUTURE: "future: further past the time the changelogs had reached than the future horizon when read",
+}
 
 
-def describe_missing_reason(reason: str, user_id: int, item_id: int, waited_ms: int | None) -> str:
-    """Why an order is missing, in words: ``user 42 not in state after waiting 10 s``."""
-    causes = {
-        "user": f"user {user_id} not in state",
-        "item": f"item {item_id} not in state",
-        "user_and_item": f"neither user {user_id} nor item {item_id} in state",
-    }
-    undecided = {  # event time: decided by no lookup
-        "late": "late: older than the watermark minus the allowed lateness when read",
-        "future": "future: further past the time the changelogs had reached than the future horizon when read",
-    }
-    if reason in undecided:
-        return undecided[reason]
-    cause = causes.get(reason, f"unknown reason {reason!r}")
+def describe_missing_reason(reason: str, *ids_then_waited_ms: Any) -> str:
+    """Why an order is missing, in words: ``user 42 not in state after waiting 10 s``.
+
+    After the reason come the order's id in each lookup (LOOKUPS order: user id, item id), then
+    how long it waited (``waited_ms``, None or 0 when buffering is off)."""
+    *ids, waited_ms = ids_then_waited_ms
+    if reason in UNDECIDED_REASONS:
+        return UNDECIDED_REASONS[reason]
+    key_of = dict(zip(LOOKUP_NAMES, ids))
+    named = [f"{name} {key_of[name]}" for name in MISSING_REASONS.get(reason, ())]
+    cause = (f"unknown reason {reason!r}" if not named else f"{named[0]} not in state" if len(named) == 1
+             else f"neither {', '.join(named[:-1])} nor {named[-1]} in state")
     waited = f" after waiting {format_age(waited_ms)}" if waited_ms else " (buffering is off)"
     return cause + waited
 

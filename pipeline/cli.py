@@ -13,7 +13,7 @@ import sys
 from typing import Callable
 
 from pipeline.config import KEYS, SECRET_KEYS, Settings, load_settings, parse_set_flags
-from pipeline.enrich.lookups import MISSING_REASONS
+from pipeline.enrich.lookups import CHANGELOGS, LOOKUPS, MISSING_REASONS
 from pipeline.errors import ConfigError, StatefulStreamsError
 
 
@@ -150,8 +150,8 @@ def cmd_replay(args, settings):
 def cmd_redrive(args, settings):
     from pipeline import control
 
-    plan = control.redrive(settings, invoice_ids=args.invoice, user_id=args.user, item_id=args.item,
-                           reason=args.reason, requested_by="cli")
+    plan = control.redrive(settings, invoice_ids=args.invoice, reason=args.reason, requested_by="cli",
+                           **{lookup.id_column: getattr(args, lookup.id_column) for lookup in LOOKUPS})
     skipped = sum(plan.skipped.values())
     print(f"re-drove {plan.count} missing-state order line(s) to {settings.topics['orders']}"
           + (f"; skipped {skipped}: " + ", ".join(f"{n} {why}" for why, n in plan.skipped.items()) if skipped else ""))
@@ -260,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     datagen.add_argument("--seed", type=int, default=42)
 
     produce = add("produce", cmd_produce, "publish a CSV of users, items or orders as keyed JSON")
-    produce.add_argument("topic", choices=["users", "items", "orders"])
+    produce.add_argument("topic", choices=[*CHANGELOGS, "orders"])
     produce.add_argument("--file", help="CSV to read (default: data/<topic>.csv)")
     produce.add_argument("--rate", type=finite_rate, default=0.0, help="messages per second (0 = as fast as possible)")
     produce.add_argument("--limit", type=whole_number(0), default=0, help="stop after this many messages (0 = all)")
@@ -285,17 +285,18 @@ def build_parser() -> argparse.ArgumentParser:
     savepoint.add_argument("name", nargs="?", help="savepoint name (take: default is a timestamp)")
 
     replay = add("replay", cmd_replay, "replay a changelog topic into the running job")
-    replay.add_argument("topic", choices=["users", "items"])
+    replay.add_argument("topic", choices=CHANGELOGS)
     replay.add_argument("--from-time", help="ISO time to start from (default: the earliest message)")
 
     redrive = add("redrive", cmd_redrive, "republish missing-state orders so they are enriched against today's state")
     redrive.add_argument("--invoice", type=int, action="append", help="invoice id (repeatable)")
-    redrive.add_argument("--user", type=int, help="every missing order of this user id")
-    redrive.add_argument("--item", type=int, help="every missing order of this item id")
+    for lookup in LOOKUPS:  # --user, --item
+        redrive.add_argument(f"--{lookup.reason}", type=int, dest=lookup.id_column,
+                             help=f"every missing order of this {lookup.reason} id")
     redrive.add_argument("--reason", choices=MISSING_REASONS, help="every missing order with this reason")
 
     state = add("state", cmd_state, "print what the job holds for a key: its latest version and the orders waiting")
-    state.add_argument("targets", nargs="*", metavar="LOOKUP KEY", help="users or items, then the id; pairs may repeat")
+    state.add_argument("targets", nargs="*", metavar="LOOKUP KEY", help=f"{' or '.join(CHANGELOGS)}, then the id; pairs may repeat")
     state.add_argument("--json", action="store_true", help="one JSON object per key")
     state.add_argument("--serve", action="store_true", help="answer JSON look-up requests on stdin on one Spark "
                        "session (the console's worker; see pipeline/state_service.py)")

@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from pipeline.enrich.lookups import CHANGELOGS
 from pipeline.errors import ConfigError
 
 EMBEDDED = "embedded"
+TOPIC_NAMES = (*CHANGELOGS, "orders")  # each lookup's changelog, then the orders
 
 
 # ---------------------------------------------------------------- value parsers
@@ -178,8 +180,8 @@ KEYS: tuple[Key, ...] = (
     Key("pulsar.service_url", EMBEDDED, _service_url, "Broker URL, or 'embedded' for pulsar-lite"),
     Key("pulsar.admin_url", None, _admin_url, "Pulsar admin REST URL (none for pulsar-lite)"),
     Key("pulsar.auth_token", None, _optional_text, "JWT for a Pulsar with token authentication (secret; never logged)"),
-    Key("topics.users", "persistent://public/default/users", _topic, "Users changelog topic"),
-    Key("topics.items", "persistent://public/default/items", _topic, "Items changelog topic"),
+    *(Key(f"topics.{name}", f"persistent://public/default/{name}", _topic, f"{name.capitalize()} changelog topic")
+      for name in CHANGELOGS),
     Key("topics.orders", "persistent://public/default/orders", _topic, "Orders event topic"),
     Key("paths.data_dir", "./var", _folder, "Broker data, checkpoints, sinks and metrics"),
     Key("spark.master", "local[*]", _spark_master, "Spark master URL"),
@@ -258,7 +260,7 @@ class Settings:
     @property
     def topics(self) -> dict[str, str]:
         """Logical name (users, items, orders) -> full topic name."""
-        return {name: self.values[f"topics.{name}"] for name in ("users", "items", "orders")}
+        return {name: self.values[f"topics.{name}"] for name in TOPIC_NAMES}
 
     @property
     def data_dir(self) -> Path:
@@ -374,7 +376,8 @@ def _check_consistency(settings: Settings) -> None:
     """Rules that span several keys."""
     topics = settings.topics
     if len(set(topics.values())) != len(topics):
-        raise ConfigError(f"topics.users, topics.items and topics.orders must differ; got {topics!r}")
+        raise ConfigError(f"{', '.join(f'topics.{name}' for name in TOPIC_NAMES[:-1])} and topics.{TOPIC_NAMES[-1]} "
+                          f"must differ; got {topics!r}")
     address = settings["app.address"]
     if address not in ("127.0.0.1", "localhost", "::1") and not settings["app.admin_token"]:
         raise ConfigError(

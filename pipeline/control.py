@@ -20,11 +20,12 @@ from datetime import datetime, timezone
 
 from pipeline import store, wire
 from pipeline.config import Settings
-from pipeline.enrich.lookups import MISSING_REASONS
-from pipeline.enrich.rules import REDRIVE_PROPERTY
+from pipeline.enrich.lookups import CHANGELOGS, LOOKUPS, MISSING_REASONS
+from pipeline.enrich.rules import RECORD_COLUMNS, REDRIVE_PROPERTY
 from pipeline.errors import ControlError
 from pipeline.lock import JobLock, acquire_job_lock, file_lock, job_is_running  # noqa: F401 - the control surface
 from pipeline.metrics import MetricsStore, iso, now_ms, read_rows
+from pipeline.sinks import RENAMED
 from pipeline.savepoints import (  # noqa: F401 - the control surface
     SavepointInfo, check_name, list_savepoints, recover_restore, restore_savepoint, take_savepoint)
 
@@ -57,8 +58,9 @@ _LAST_MS = int(datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone.utc).timestamp
 def request_replay(settings: Settings, topic: str, from_time: str | datetime | None = None,
                    requested_by: str = "console") -> dict:
     """Ask the running job to re-read a changelog topic from its start (or from a time)."""
-    if topic not in ("users", "items"):
-        raise ControlError(f"replay topic {topic!r} is not a changelog; choose 'users' or 'items'")
+    if topic not in CHANGELOGS:
+        raise ControlError(f"replay topic {topic!r} is not a changelog; choose "
+                           f"{' or '.join(repr(name) for name in CHANGELOGS)}")
     from_ms = None if from_time in (None, "", "earliest") else _parse_time(from_time)
     store.ensure_data_dir(settings.data_dir)
     folder = store.replay_requests_dir(settings.data_dir)
@@ -109,13 +111,24 @@ class RedrivePlan:
         return line
 
 
-def find_missing(settings: Settings, invoice_ids=None, user_id=None, item_id=None, reason=None) -> list[dict]:
-    """Missing-state rows matching the selector (all of its given parts), oldest first."""
+def _key_ids(user_id=None, item_id=None, **ids) -> dict[str, int | None]:
+    """A selector's id per lookup (by its id column, ``user_id``…), in LOOKUPS order."""
+    given = {"user_id": user_id, "item_id": item_id, **ids}
+    unknown = set(given) - {lookup.id_column for lookup in LOOKUPS}
+    if unknown:
+        raise ControlError(f"unknown selector {sorted(unknown)!r}; expected invoice_ids, reason or one of "
+                           f"{[lookup.id_column for lookup in LOOKUPS]}")
+    return {lookup.id_column: given.get(lookup.id_column) for lookup in LOOKUPS}
+
+
+def find_missing(settings: Settings, invoice_ids=None, reason=None, **ids) -> list[dict]:
+    """Missing-state rows matching the selector (all of its given parts: invoice ids, a reason,
+    an id per lookup by its id column), oldest first."""
     where, params = [], []
     if invoice_ids:
         where.append(f"invoice_id IN ({', '.join('?' for _ in invoice_ids)})")
         params += [int(i) for i in invoice_ids]
-    for column, value in (("user_id", user_id), ("item_id", item_id), ("reason", reason)):
+    for column, value in (*_key_ids(**ids).items(), ("reason", reason)):
         if value is not None:
             where.append(f"{column} = ?")
             params.append(value)
@@ -169,18 +182,24 @@ def _enriched_orders(settings: Settings, invoice_ids: list[int]) -> set[tuple[in
 
 
 def plan_redrive(settings: Settings, invoice_ids: list[int] | None = None, user_id: int | None = None,
-                 item_id: int | None = None, reason: str | None = None) -> RedrivePlan:
+                 item_id: int | None = None, reason: str | None = None, **ids: int | None) -> RedrivePlan:
     """What :func:`redrive` would republish for this selector, and what it would skip; sends nothing.
+
+    The selector is invoice ids, a reason, or an id per lookup by its id column (``user_id``,
+    ``item_id``, and any other lookup's through ``ids``).
 
     Each order line (invoice id, line item id) is decided by its newest matching row: skipped if a
     later row (or an earlier re-drive not read back yet) points at it, or if the order has an
     enriched row; republished otherwise. Its older rows are skipped, so an order goes out at most once.
     """
-    if not (invoice_ids or user_id is not None or item_id is not None or reason):
-        raise ControlError("re-drive needs a selector: invoice ids, a user id, an item id or a reason")
+    keys = _key_ids(user_id, item_id, **ids)
+    if not (invoice_ids or any(value is not None for value in keys.values()) or reason):
+        raise ControlError("re-drive needs a selector: invoice ids, "
+                           + ", ".join(f"{_article(lookup.reason)} {lookup.reason} id" for lookup in LOOKUPS)
+                           + " or a reason")
     if reason is not None and reason not in MISSING_REASONS:
         raise ControlError(f"reason {reason!r} is not one of {', '.join(MISSING_REASONS)}")
-    rows = find_missing(settings, invoice_ids, user_id, item_id, reason)
+    rows = find_missing(settings, invoice_ids, reason, **keys)
     plan = RedrivePlan()
     if not rows:
         return plan
@@ -200,19 +219,38 @@ def plan_redrive(settings: Settings, invoice_ids: list[int] | None = None, user_
     return plan
 
 
-def _ms(value) -> int:
-    return -1 if value is None else int(value.timestamp() * 1000)
+def _article(noun: str) -> str:
+    return "an" if noun[:1] in "aeiou" else "a"
+
+
+# The sink column of each order wire field: the envelope's column (rules.RECORD_COLUMNS), which a
+# missing-state row keeps under its own name where sinks.RENAMED renames it.
+_ORDER_SINK_COLUMNS = {field: {envelope: sink for sink, envelope in RENAMED["missing_state"].items()}.get(column, column)
+                       for field, column in RECORD_COLUMNS["orders"].items()}
+
+
+def order_record(row: dict) -> dict:
+    """The order's wire record, rebuilt from its missing-state row (times back to epoch ms, -1 none).
+
+    # {"invoiceId": 1001, "lineItemId": 1, "userId": 17, "itemId": 4, "itemName": "…", …, "paidAt": -1}
+    """
+    record = {}
+    for field in wire.ORDER_FIELDS:
+        value = row[_ORDER_SINK_COLUMNS[field.name]]
+        record[field.name] = (wire.NONE if value is None else int(value.timestamp() * 1000)) if field.time else value
+    return record
 
 
 def redrive(settings: Settings, invoice_ids: list[int] | None = None, user_id: int | None = None,
-            item_id: int | None = None, reason: str | None = None, requested_by: str = "console") -> RedrivePlan:
+            item_id: int | None = None, reason: str | None = None, requested_by: str = "console",
+            **ids: int | None) -> RedrivePlan:
     """Republish matching missing-state orders to the orders topic, each at most once (see
     :func:`plan_redrive`), with the ``redrive-of`` property naming the row re-driven; returns the
     plan it carried out. Every request is an event, with the message ids it republished."""
-    plan = plan_redrive(settings, invoice_ids, user_id, item_id, reason)
+    plan = plan_redrive(settings, invoice_ids, user_id, item_id, reason, **ids)
     if plan.rows:
         _publish(settings, plan.rows)
-    selector = {k: v for k, v in {"invoice_ids": invoice_ids, "user_id": user_id, "item_id": item_id,
+    selector = {k: v for k, v in {"invoice_ids": invoice_ids, **_key_ids(user_id, item_id, **ids),
                                   "reason": reason}.items() if v is not None and v != []}
     MetricsStore(settings.data_dir).event(
         "redrive", f"{plan.describe().replace('will be', 'were')} by {requested_by}", count=plan.count,
@@ -229,9 +267,7 @@ def _publish(settings: Settings, rows: list[dict]) -> None:
     try:
         producer = client.create_producer(settings.topics["orders"], batching_enabled=True, batching_max_publish_delay_ms=5)
         for row in rows:
-            record = {"invoiceId": row["invoice_id"], "lineItemId": row["line_item_id"], "userId": row["user_id"],
-                      "itemId": row["item_id"], "itemName": row["item_name"], "itemCategory": row["item_category"],
-                      "price": row["price"], "createdAt": _ms(row["created_at"]), "paidAt": _ms(row["paid_at"])}
+            record = order_record(row)
             producer.send_async(wire.encode(record), None, partition_key=wire.message_key("orders", record),
                                 properties={REDRIVE_PROPERTY: row["source_message_id"]})
         producer.flush()

@@ -14,10 +14,10 @@ import urllib.error
 import urllib.request
 
 from pipeline.config import Settings, pulsar_admin_headers, pulsar_authentication
+from pipeline.enrich.lookups import CHANGELOGS
 from pipeline.errors import BrokerError
 
 log = logging.getLogger(__name__)
-CHANGELOGS = ("users", "items")
 
 
 def make_client(service_url: str, operation_timeout_s: int = 10, token: str | None = None):
@@ -57,7 +57,7 @@ def _admin_path(topic: str) -> str:
 
 
 def ensure_topics(settings: Settings, service_url: str | None = None, partitions: int = 1) -> None:
-    """Create the three topics; with an admin URL also set partitions and changelog retention."""
+    """Create the topics; with an admin URL also set partitions and changelog retention."""
     if settings.admin_url:
         base = settings.admin_url.rstrip("/") + "/admin/v2/"
         headers = pulsar_admin_headers(settings)

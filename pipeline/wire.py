@@ -1,4 +1,4 @@
-"""The wire format of the three topics (DESIGN.md §3): field names, types, and validation.
+"""The wire format of the topics (DESIGN.md §3): field names, types, and validation.
 
 Payloads are UTF-8 JSON objects with the field names of the original Java model, so a
 producer written for the original job works unchanged. :func:`parse_payload` is the one
@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import re
 import sys
-from dataclasses import dataclass
 from typing import Any
 
+from pipeline.enrich.lookups import CHANGELOGS, LOOKUPS
+from pipeline.fields import NONE, Field  # noqa: F401 - wire.Field, wire.NONE
+
 MAX_PAYLOAD_BYTES = 1 << 20  # far above any real record; bigger ones are poison
-NONE = -1  # the Java model's "no time" / "no parent" marker
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 # Times are epoch milliseconds within years 1 to 9999 (ISO 8601's, Python's datetime's): beyond
 # about year 294247 DuckDB cannot read a sink's timestamp column at all, so one order would
@@ -23,34 +24,16 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MIN_TIME_MS, MAX_TIME_MS = -62_135_596_800_000, 253_402_300_799_999
 
 
-@dataclass(frozen=True)
-class Field:
-    name: str
-    kind: type  # int, float or str
-    required: bool
-    default: Any = None
-    time: bool = False  # epoch milliseconds, within MIN_TIME_MS..MAX_TIME_MS
-
-
-USER_FIELDS = (
-    Field("id", int, True), Field("firstName", str, False), Field("lastName", str, False),
-    Field("emailAddress", str, False), Field("createdAt", int, False, NONE, time=True),
-    Field("deletedAt", int, False, NONE, time=True), Field("mergedAt", int, False, NONE, time=True),
-    Field("parentUserId", int, False, NONE),
-)
-ITEM_FIELDS = (
-    Field("id", int, True), Field("createdAt", int, False, NONE, time=True), Field("adjective", str, False),
-    Field("category", str, False), Field("modifier", str, False), Field("name", str, False),
-    Field("price", float, True),
-)
+# The topics: each lookup's changelog (its fields declared in pipeline/enrich/lookups.py), then
+# the orders, which carry each lookup's id after the line item id.
 ORDER_FIELDS = (
-    Field("invoiceId", int, True), Field("lineItemId", int, True), Field("userId", int, True),
-    Field("itemId", int, True), Field("itemName", str, False), Field("itemCategory", str, False),
+    Field("invoiceId", int, True), Field("lineItemId", int, True),
+    *(Field(lookup.order_field, int, True) for lookup in LOOKUPS),
+    Field("itemName", str, False), Field("itemCategory", str, False),
     Field("price", float, True), Field("createdAt", int, True, time=True), Field("paidAt", int, False, NONE, time=True),
 )
-FIELDS = {"users": USER_FIELDS, "items": ITEM_FIELDS, "orders": ORDER_FIELDS}
-KEY_FIELD = {"users": "id", "items": "id", "orders": "invoiceId"}
-CHANGELOGS = ("users", "items")
+FIELDS = {**{lookup.changelog: lookup.wire_fields for lookup in LOOKUPS}, "orders": ORDER_FIELDS}
+KEY_FIELD = {**{lookup.changelog: "id" for lookup in LOOKUPS}, "orders": "invoiceId"}
 
 
 _ABSENT = object()

@@ -41,12 +41,11 @@ from pathlib import Path
 
 from pipeline import metrics, store
 # observed per batch: event_time_users/0 -> {"newest_ms": …}, late_versions_users -> {"count": …}
-from pipeline.enrich.lookups import LATE_VERSIONS_PREFIX, NEWEST_OBSERVED, clock_name, topic_of_clock
+from pipeline.enrich.lookups import CHANGELOGS, LATE_VERSIONS_PREFIX, NEWEST_OBSERVED, clock_name, topic_of_clock
 from pipeline.listener import ProgressListener
 from pipeline.source.clock import write_clock_file
 
 log = logging.getLogger(__name__)
-CHANGELOGS = ("users", "items")
 
 
 def clock_file(data_dir: Path) -> Path:

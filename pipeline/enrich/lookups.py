@@ -4,8 +4,9 @@ A :class:`Lookup` says everything that differs between the user and the item loo
 changelog topic it holds, the id column orders carry, the state columns it attaches (and the
 wire fields they come from), the column that records whether it was found, and the name it
 gives a missing-state reason. Everything else (the envelope schema, the sinks' columns, the
-model in rules.py, the operator's arguments) is derived from :data:`LOOKUPS`, so a new
-changelog is one more entry here plus its wire fields (pipeline/wire.py) and topic setting.
+model in rules.py, the operator's arguments, the topics and their settings, the wire format,
+the console's selectors) is derived from :data:`LOOKUPS`, so a new changelog is one more entry
+here, with its wire fields, plus its sample data (pipeline/datagen.py).
 
 :func:`apply_lookup` runs one lookup as the generic Java ``ChangelogLookup``
 (pipeline/jvm/) through ``transformWithState``: called on the driver while the query
@@ -19,6 +20,7 @@ from itertools import combinations
 from pathlib import Path
 
 from pipeline.errors import ConfigError
+from pipeline.fields import NONE, Field
 
 JVM_CLASS = "statefulstreams.ChangelogLookup"
 JAR_PATH = Path(__file__).resolve().parent.parent / "jvm" / "build" / "changelog-lookup.jar"
@@ -36,7 +38,13 @@ class Lookup:
     id_column: str  # the envelope column with the key, on orders and changelog rows ("user_id")
     order_field: str  # the order's wire field holding the key ("userId")
     fields: dict[str, tuple[str, str]]  # record wire field -> (state column, Spark type)
-    reason: str  # its part of a missing-state reason ("user")
+    reason: str  # its part of a missing-state reason ("user"), and its name in flags and the console
+    wire_fields: tuple[Field, ...]  # the changelog record's wire fields (DESIGN.md §3), keyed by "id"
+
+    @property
+    def time_fields(self) -> frozenset[str]:
+        """The record's wire fields that hold a time (epoch ms; the sinks keep them as timestamps)."""
+        return frozenset(field.name for field in self.wire_fields if field.time)
 
     @property
     def state_columns(self) -> tuple[str, ...]:
@@ -53,20 +61,41 @@ class Lookup:
 
 USERS = Lookup("users", "user_id", "userId", {
     "firstName": ("user_first_name", "string"), "lastName": ("user_last_name", "string"),
-    "emailAddress": ("user_email", "string"), "createdAt": ("user_created_at", "long")}, reason="user")
+    "emailAddress": ("user_email", "string"), "createdAt": ("user_created_at", "long")}, reason="user", wire_fields=(
+    Field("id", int, True), Field("firstName", str, False), Field("lastName", str, False),
+    Field("emailAddress", str, False), Field("createdAt", int, False, NONE, time=True),
+    Field("deletedAt", int, False, NONE, time=True), Field("mergedAt", int, False, NONE, time=True),
+    Field("parentUserId", int, False, NONE)))
 ITEMS = Lookup("items", "item_id", "itemId", {
     "name": ("item_name", "string"), "category": ("item_category", "string"),
     "adjective": ("item_adjective", "string"), "modifier": ("item_modifier", "string"),
-    "price": ("item_price", "double")}, reason="item")
-# In the order they run: an order is looked up in each, left to right.
+    "price": ("item_price", "double")}, reason="item", wire_fields=(
+    Field("id", int, True), Field("createdAt", int, False, NONE, time=True), Field("adjective", str, False),
+    Field("category", str, False), Field("modifier", str, False), Field("name", str, False),
+    Field("price", float, True)))
+# In the order they run: an order is looked up in each, left to right. Everything that names
+# the lookups is derived from this tuple: the topics and their settings (topics.<changelog>),
+# the wire format, the envelope and the sinks' columns, the missing-state reasons, the CLI's
+# choices, the console's selectors and colours.
 LOOKUPS = (USERS, ITEMS)
 # Event time: the missing reasons of orders no lookup decided, their time being older than the
 # watermark allows, or further ahead of the changelogs than enrichment.future_horizon.
 LATE, FUTURE = "late", "future"
 # Every missing-state reason: the lookups that did not find the order, joined in LOOKUPS order
 # (rules.missing_reason: user, item, user_and_item), then LATE and FUTURE.
-MISSING_REASONS = (*("_and_".join(lookup.reason for lookup in chosen) for size in range(1, len(LOOKUPS) + 1)
-                     for chosen in combinations(LOOKUPS, size)), LATE, FUTURE)
+LOOKUP_REASONS = tuple("_and_".join(lookup.reason for lookup in chosen) for size in range(1, len(LOOKUPS) + 1)
+                       for chosen in combinations(LOOKUPS, size))
+MISSING_REASONS = (*LOOKUP_REASONS, LATE, FUTURE)
+CHANGELOGS = tuple(lookup.changelog for lookup in LOOKUPS)  # the changelog topics' kinds: users, items
+
+
+def lookups_missing(reason: str) -> tuple[Lookup, ...]:
+    """The lookups that did not find an order missing for ``reason`` (``user_and_item`` -> USERS,
+    ITEMS); none for ``late``, ``future`` or a reason no lookup gives."""
+    if reason not in LOOKUP_REASONS:
+        return ()
+    parts = reason.split("_and_")
+    return tuple(lookup for lookup in LOOKUPS if lookup.reason in parts)
 
 
 def lookup_named(name: str) -> Lookup:
@@ -177,7 +206,7 @@ def with_event_watermarks(frame, order_time: str, out_of_orderness_ms: int,
         held & F.col("watermark_bound").isNotNull(),
         F.timestamp_millis(F.least(F.col("event_ms"), F.col("watermark_bound")))))
     observed = [F.max(F.when((kind == "orders") & held, F.col("event_ms"))).alias(clock_name("orders", -1))]
-    for lookup in (USERS, ITEMS):
+    for lookup in LOOKUPS:
         for p in sorted((partitions or {}).get(lookup.changelog) or [-1]):
             own = (kind == lookup.changelog) & (F.coalesce(F.col("source_partition"), F.lit(-1)) == int(p))
             observed.append(F.max(F.when(own & held, F.col("event_ms"))).alias(clock_name(lookup.changelog, p)))
