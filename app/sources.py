@@ -26,80 +26,44 @@ import pyarrow as pa
 
 from app.catalog import SinkFile, catalog_for
 from pipeline import store
+from pipeline.metrics import DURATION_PHASES, STREAM_SCHEMAS  # noqa: F401 - DURATION_PHASES: the console's import
 from pipeline.metrics_tail import day_files, tail_lines
-from pipeline.sinks import table_files
+from pipeline.enrich.lookups import LOOKUPS
+from pipeline.sinks import SCHEMAS, table_files
 
-# Column types of the on-disk contract. Only the empty relations use them: a reader over
-# real files takes the types from the Parquet footers and the JSON column spec below.
-SINK_COLUMNS: dict[str, dict[str, str]] = {
-    "enriched": {
-        "invoice_id": "BIGINT", "line_item_id": "BIGINT", "user_id": "BIGINT", "item_id": "BIGINT",
-        "price": "DOUBLE", "created_at": "TIMESTAMPTZ", "paid_at": "TIMESTAMPTZ",
-        "user_first_name": "VARCHAR", "user_last_name": "VARCHAR", "user_email": "VARCHAR",
-        "user_created_at": "TIMESTAMPTZ", "item_name": "VARCHAR", "item_category": "VARCHAR",
-        "item_adjective": "VARCHAR", "item_modifier": "VARCHAR", "item_price": "DOUBLE",
-        "waited_ms": "BIGINT", "published_at": "TIMESTAMPTZ", "enriched_at": "TIMESTAMPTZ",
-        "batch_id": "BIGINT", "source_topic": "VARCHAR", "source_partition": "INTEGER",
-        "source_message_id": "VARCHAR", "redrive_of": "VARCHAR",
-        "user_as_of": "TIMESTAMPTZ", "item_as_of": "TIMESTAMPTZ",  # event time: the versions' times
-    },
-    "missing_state": {
-        "invoice_id": "BIGINT", "line_item_id": "BIGINT", "user_id": "BIGINT", "item_id": "BIGINT",
-        "item_name": "VARCHAR", "item_category": "VARCHAR", "price": "DOUBLE",
-        "created_at": "TIMESTAMPTZ", "paid_at": "TIMESTAMPTZ", "reason": "VARCHAR", "waited_ms": "BIGINT",
-        "published_at": "TIMESTAMPTZ", "detected_at": "TIMESTAMPTZ", "batch_id": "BIGINT",
-        "source_topic": "VARCHAR", "source_partition": "INTEGER", "source_message_id": "VARCHAR",
-        "redrive_of": "VARCHAR", "user_as_of": "TIMESTAMPTZ", "item_as_of": "TIMESTAMPTZ",
-    },
-    "dead_letter": {
-        "source_topic": "VARCHAR", "source_partition": "INTEGER", "source_message_id": "VARCHAR",
-        "key": "VARCHAR", "payload": "VARCHAR", "error": "VARCHAR", "published_at": "TIMESTAMPTZ",
-        "detected_at": "TIMESTAMPTZ", "batch_id": "BIGINT",
-    },
-}
+def duckdb_type(kind: pa.DataType) -> str:
+    """The DuckDB type of an Arrow type (``timestamp[ms, tz=UTC]`` -> ``TIMESTAMPTZ``, structs,
+    lists and maps spelled out), so the console's views are derived from the job's schemas."""
+    if isinstance(kind, pa.JsonType):
+        return "JSON"
+    if pa.types.is_struct(kind):
+        return "STRUCT(" + ", ".join(f'"{field.name}" {duckdb_type(field.type)}' for field in kind) + ")"
+    if pa.types.is_list(kind):
+        return f"{duckdb_type(kind.value_type)}[]"
+    if pa.types.is_map(kind):
+        return f"MAP({duckdb_type(kind.key_type)}, {duckdb_type(kind.item_type)})"
+    if pa.types.is_timestamp(kind):
+        return "TIMESTAMPTZ" if kind.tz else "TIMESTAMP"
+    return _DUCKDB_TYPES[kind]
 
-_PARTITIONS = 'STRUCT("partition" BIGINT, "rows" BIGINT)[]'
-_TOPIC = (
-    'STRUCT(topic VARCHAR, generation BIGINT, "rows" BIGINT, end_position BIGINT, '
-    "latest_position BIGINT, backlog BIGINT, admitted_messages BIGINT, admitted_bytes BIGINT, "
-    f"partitions {_PARTITIONS})"
-)
-_STATE = (
-    "STRUCT(operator VARCHAR, rows_total BIGINT, rows_updated BIGINT, memory_bytes BIGINT, "
-    "commit_ms BIGINT, custom MAP(VARCHAR, DOUBLE))"
-)
-DURATION_PHASES = ("latestOffset", "getBatch", "queryPlanning", "addBatch", "walCommit", "commitOffsets", "triggerExecution")
 
-# The JSON column spec of each metrics stream. Keys the job leaves out read as NULL; a line
-# that does not parse (the half-written last one) reads as all NULL and is filtered out.
-METRIC_COLUMNS: dict[str, dict[str, str]] = {
-    "progress": {
-        "ts_ms": "BIGINT", "query_id": "VARCHAR", "run_id": "VARCHAR", "batch_id": "BIGINT",
-        "num_input_rows": "BIGINT", "input_rows_per_second": "DOUBLE",
-        "processed_rows_per_second": "DOUBLE", "trigger_interval_ms": "BIGINT",
-        "batch_duration_ms": "BIGINT",
-        "duration_ms": "STRUCT(" + ", ".join(f'"{phase}" BIGINT' for phase in DURATION_PHASES) + ")",
-        "topics": f"{_TOPIC}[]",
-        # Whether the planner held the orders back for the changelogs (NULL in rows from before it said).
-        "orders_held": "BOOLEAN", "orders_shared": "BOOLEAN", "orders_held_for": "BIGINT",
-        "state": f"{_STATE}[]",
-        "sink_rows": "STRUCT(enriched BIGINT, missing_state BIGINT, dead_letter BIGINT)",
-        "state_size_bytes": "BIGINT",
-    },
-    "tasks": {
-        "ts_ms": "BIGINT", "batch_id": "BIGINT", "stage": "VARCHAR", "stage_id": "BIGINT",
-        "task": "BIGINT", "records": "BIGINT", "duration_ms": "BIGINT",
-    },
-    "events": {"ts_ms": "BIGINT", "kind": "VARCHAR", "message": "VARCHAR", "details": "JSON"},
-    # Keys held and orders waiting per lookup (pipeline/state.py's census).
-    "state": {"ts_ms": "BIGINT", "batch_id": "BIGINT", "lookup": "VARCHAR", "state_rows": "BIGINT",
-              "keys_held": "BIGINT", "waiting_keys": "BIGINT", "waiting_orders": "BIGINT"},
-    # Event time only: per batch, the job's watermark and each topic's (pipeline/enrich/event_clock.py).
-    "watermarks": {"ts_ms": "BIGINT", "batch_id": "BIGINT", "watermark_ms": "BIGINT",
-                   "topics": "STRUCT(topic VARCHAR, newest_ms BIGINT, watermark_ms BIGINT, lag_ms BIGINT, idle BOOLEAN, "
-                             "late_versions BIGINT, partitions STRUCT(partition BIGINT, newest_ms BIGINT, "
-                             "watermark_ms BIGINT, idle BOOLEAN)[])[]"},
-}
+_DUCKDB_TYPES = {pa.int64(): "BIGINT", pa.int32(): "INTEGER", pa.float64(): "DOUBLE", pa.string(): "VARCHAR",
+                 pa.bool_(): "BOOLEAN"}
+
+
+def duckdb_columns(schema: pa.Schema) -> dict[str, str]:
+    """Column name -> DuckDB type, for an Arrow schema."""
+    return {field.name: duckdb_type(field.type) for field in schema}
+
+
+# Column types of the on-disk contract (pipeline/sinks.py SCHEMAS). Only the empty relations use
+# them: a reader over real files takes the types from the Parquet footers.
+SINK_COLUMNS: dict[str, dict[str, str]] = {sink: duckdb_columns(schema) for sink, schema in SCHEMAS.items()}
+
+# The JSON column spec of each metrics stream, from the job's declaration (pipeline/metrics.py
+# STREAM_SCHEMAS). Keys the job leaves out read as NULL; a line that does not parse (the
+# half-written last one) reads as all NULL and is filtered out.
+METRIC_COLUMNS: dict[str, dict[str, str]] = {stream: duckdb_columns(schema) for stream, schema in STREAM_SCHEMAS.items()}
 
 
 Connection = duckdb.DuckDBPyConnection
@@ -154,7 +118,7 @@ def sink_relation(data_dir: Path, sink: str, newer_than_ms: int | None = None, n
     return files_relation(sink, files)
 
 
-ADDED_COLUMNS = ("user_as_of", "item_as_of")  # event time (README "Event time"); NULL in older sink files
+ADDED_COLUMNS = tuple(lookup.as_of_column for lookup in LOOKUPS)  # event time (README "Event time"); NULL in older sink files
 
 
 def files_relation(sink: str, files: list[SinkFile]) -> str:

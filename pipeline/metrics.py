@@ -17,6 +17,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pyarrow as pa
+
 from pipeline import store
 from pipeline.enrich.lookups import LOOKUPS
 from pipeline.source.counts import rows_from_progress
@@ -24,6 +26,50 @@ from pipeline.source.offsets import replay_finished
 
 # The lookups' stateful stages in plan order (the 1st and 2nd shuffle reads): user_lookup, item_lookup.
 STATEFUL_STAGES = tuple(f"{lookup.reason}_lookup" for lookup in LOOKUPS)
+
+# ------------------------------------------------------------------ the streams' columns
+# Each stream's columns and types as its readers take them: the console's DuckDB views
+# (app/sources.py METRIC_COLUMNS) are derived from these. A writer's row may carry more keys
+# than its readers take (``ts``, a topic's ``replaying``); a key it leaves out reads as NULL.
+DURATION_PHASES = ("latestOffset", "getBatch", "queryPlanning", "addBatch", "walCommit", "commitOffsets", "triggerExecution")
+_INT = pa.int64()
+_PARTITION_ROWS = pa.struct([("partition", _INT), ("rows", _INT)])
+# topic_rows(): one per topic the batch read
+_TOPIC = pa.struct([("topic", pa.string()), ("generation", _INT), ("rows", _INT), ("end_position", _INT),
+                    ("latest_position", _INT), ("backlog", _INT), ("admitted_messages", _INT),
+                    ("admitted_bytes", _INT), ("partitions", pa.list_(_PARTITION_ROWS))])
+# build_progress_row(): one per stateful operator
+_OPERATOR_STATE = pa.struct([("operator", pa.string()), ("rows_total", _INT), ("rows_updated", _INT),
+                             ("memory_bytes", _INT), ("commit_ms", _INT), ("custom", pa.map_(pa.string(), pa.float64()))])
+_WATERMARK_PARTITION = pa.struct([("partition", _INT), ("newest_ms", _INT), ("watermark_ms", _INT), ("idle", pa.bool_())])
+STREAM_SCHEMAS: dict[str, pa.Schema] = {
+    # build_progress_row() (and the SQL pipelines' pipeline/sql/progress.py): one row per micro-batch
+    "progress": pa.schema([
+        ("ts_ms", _INT), ("query_id", pa.string()), ("run_id", pa.string()), ("batch_id", _INT),
+        ("num_input_rows", _INT), ("input_rows_per_second", pa.float64()),
+        ("processed_rows_per_second", pa.float64()), ("trigger_interval_ms", _INT), ("batch_duration_ms", _INT),
+        ("duration_ms", pa.struct([(phase, _INT) for phase in DURATION_PHASES])),
+        ("topics", pa.list_(_TOPIC)),
+        # Whether the planner held the orders back for the changelogs (NULL in rows from before it said).
+        ("orders_held", pa.bool_()), ("orders_shared", pa.bool_()), ("orders_held_for", _INT),
+        ("state", pa.list_(_OPERATOR_STATE)),
+        ("sink_rows", pa.struct([(sink, _INT) for sink in store.SINKS])),
+        ("state_size_bytes", _INT)]),
+    # task_rows_from_stages()
+    "tasks": pa.schema([("ts_ms", _INT), ("batch_id", _INT), ("stage", pa.string()), ("stage_id", _INT),
+                        ("task", _INT), ("records", _INT), ("duration_ms", _INT)]),
+    # MetricsStore.event()
+    "events": pa.schema([("ts_ms", _INT), ("kind", pa.string()), ("message", pa.string()), ("details", pa.json_())]),
+    # Keys held and orders waiting per lookup (pipeline/state.py's census).
+    "state": pa.schema([("ts_ms", _INT), ("batch_id", _INT), ("lookup", pa.string()), ("state_rows", _INT),
+                        ("keys_held", _INT), ("waiting_keys", _INT), ("waiting_orders", _INT)]),
+    # Event time only: per batch, the job's watermark and each topic's (pipeline/enrich/event_clock.py).
+    "watermarks": pa.schema([
+        ("ts_ms", _INT), ("batch_id", _INT), ("watermark_ms", _INT),
+        ("topics", pa.list_(pa.struct([
+            ("topic", pa.string()), ("newest_ms", _INT), ("watermark_ms", _INT), ("lag_ms", _INT), ("idle", pa.bool_()),
+            ("late_versions", _INT), ("partitions", pa.list_(_WATERMARK_PARTITION))])))]),
+}
 
 
 def now_ms() -> int:
@@ -191,7 +237,7 @@ def build_progress_row(progress: dict, trigger_interval_ms: int, sink_rows: dict
         "processed_rows_per_second": _finite(progress.get("processedRowsPerSecond")),
         "trigger_interval_ms": trigger_interval_ms, "batch_duration_ms": progress.get("batchDuration", 0),
         "duration_ms": progress.get("durationMs") or {}, "topics": topics, **orders_admission(end), "state": state,
-        "sink_rows": sink_rows or {"enriched": 0, "missing_state": 0, "dead_letter": 0},
+        "sink_rows": sink_rows or dict.fromkeys(store.SINKS, 0),
         "state_size_bytes": state_size_bytes,
     }
 

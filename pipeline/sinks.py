@@ -36,28 +36,35 @@ from pathlib import Path
 import pyarrow as pa
 
 from pipeline import store
+from pipeline.enrich.lookups import LOOKUPS
 from pipeline.errors import SinkError
 
 log = logging.getLogger(__name__)
 TS = pa.timestamp("ms", tz="UTC")
 
-_ORDER_COLUMNS = [("invoice_id", pa.int64()), ("line_item_id", pa.int64()), ("user_id", pa.int64()),
-                  ("item_id", pa.int64())]
+_SPARK_TO_ARROW = {"string": pa.string(), "long": pa.int64(), "double": pa.float64()}
+# Each lookup's columns (pipeline/enrich/lookups.py): its id on every order, the state it
+# attaches to an enriched order (a time as a timestamp), and in event time the time of the
+# version an order was decided with.
+_ORDER_COLUMNS = [("invoice_id", pa.int64()), ("line_item_id", pa.int64()),
+                  *((lookup.id_column, pa.int64()) for lookup in LOOKUPS)]
+_STATE_COLUMNS = [(column, TS if field in lookup.time_fields else _SPARK_TO_ARROW[kind])
+                  for lookup in LOOKUPS for field, (column, kind) in lookup.fields.items()]
+_AS_OF_COLUMNS = [(lookup.as_of_column, TS) for lookup in LOOKUPS]
 _SOURCE_COLUMNS = [("batch_id", pa.int64()), ("source_topic", pa.string()), ("source_partition", pa.int32()),
                    ("source_message_id", pa.string())]
+# The sinks' Arrow schemas: the on-disk contract (DESIGN.md §5), which the console's DuckDB
+# views derive from (app/sources.py).
 SCHEMAS = {
     "enriched": pa.schema(_ORDER_COLUMNS + [
-        ("price", pa.float64()), ("created_at", TS), ("paid_at", TS),
-        ("user_first_name", pa.string()), ("user_last_name", pa.string()), ("user_email", pa.string()),
-        ("user_created_at", TS), ("item_name", pa.string()), ("item_category", pa.string()),
-        ("item_adjective", pa.string()), ("item_modifier", pa.string()), ("item_price", pa.float64()),
+        ("price", pa.float64()), ("created_at", TS), ("paid_at", TS)] + _STATE_COLUMNS + [
         ("waited_ms", pa.int64()), ("published_at", TS), ("enriched_at", TS)] + _SOURCE_COLUMNS + [
-        ("redrive_of", pa.string()), ("user_as_of", TS), ("item_as_of", TS)]),
+        ("redrive_of", pa.string())] + _AS_OF_COLUMNS),
     "missing_state": pa.schema(_ORDER_COLUMNS + [
         ("item_name", pa.string()), ("item_category", pa.string()), ("price", pa.float64()),
         ("created_at", TS), ("paid_at", TS), ("reason", pa.string()), ("waited_ms", pa.int64()),
-        ("published_at", TS), ("detected_at", TS)] + _SOURCE_COLUMNS + [("redrive_of", pa.string()),
-        ("user_as_of", TS), ("item_as_of", TS)]),
+        ("published_at", TS), ("detected_at", TS)] + _SOURCE_COLUMNS + [("redrive_of", pa.string())]
+        + _AS_OF_COLUMNS),
     "dead_letter": pa.schema([
         ("source_topic", pa.string()), ("source_partition", pa.int32()), ("source_message_id", pa.string()),
         ("key", pa.string()), ("payload", pa.string()), ("error", pa.string()), ("published_at", TS),
