@@ -7,8 +7,9 @@ real job for one batch on a throwaway embedded broker with ``-XX:ArchiveClassesA
 JVM writes the classes it loaded when it exits. :func:`driver_java_options` then points
 every driver JVM at it (bench/bench_startup.py measures the difference).
 
-The archive is a build output beside the lookup operator's jar, tied to this JDK and this
-venv's jars: when either changes the JVM ignores it and starts the slow way (its warnings are
+The training run is pipeline/class_archive_training.py (it runs the job, which starts Spark with
+these options: kept apart so that neither imports the other). The archive is a build output
+beside the operators' jar, tied to this JDK and this venv's jars: when either changes the JVM ignores it and starts the slow way (its warnings are
 silenced), so it can only make a start faster, never break one.
 
     python -m pipeline.class_archive          # (re)build it; make setup does this
@@ -20,7 +21,6 @@ import logging
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ARCHIVE = Path(__file__).resolve().parent / "jvm" / "build" / "spark-classes.jsa"
@@ -43,7 +43,7 @@ def build(archive: Path = ARCHIVE, timeout_s: float = 600.0) -> bool:
     partial = archive.with_suffix(".tmp")
     partial.unlink(missing_ok=True)
     archive.unlink(missing_ok=True)  # the training JVM must load every class itself
-    result = subprocess.run([sys.executable, "-m", "pipeline.class_archive", "--train", str(partial)],
+    result = subprocess.run([sys.executable, "-m", "pipeline.class_archive_training", str(partial)],
                             capture_output=True, text=True, timeout=timeout_s)
     if result.returncode != 0 or not partial.is_file():
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]
@@ -56,53 +56,6 @@ def build(archive: Path = ARCHIVE, timeout_s: float = 600.0) -> bool:
     return True
 
 
-def training_records() -> dict[str, list[dict]]:
-    """Two users, two items and orders that hit, wait for and miss them: every code path's classes."""
-    users = [{"id": u, "firstName": "Ada", "lastName": "Lovelace", "emailAddress": "ada@example.com",
-              "createdAt": 1_600_000_000_000, "deletedAt": -1, "mergedAt": -1, "parentUserId": -1} for u in (1, 2)]
-    items = [{"id": i, "createdAt": 1_500_000_000_000, "adjective": "shiny", "category": "gadget", "modifier": "pro",
-              "name": f"item{i}", "price": 10.0} for i in (1, 2)]
-    orders = [{"invoiceId": n, "lineItemId": n * 10, "userId": 1 + n % 3, "itemId": 1 + n % 2, "itemName": "item1",
-               "itemCategory": "gadget", "price": 3.5, "createdAt": 1_700_000_000_000 + n, "paidAt": -1}
-              for n in range(30)]
-    return {"users": users, "items": items, "orders": orders}
-
-
-def train(partial: Path) -> None:
-    """One batch of the real job on a throwaway broker, in a JVM that archives its classes at exit."""
-    from pipeline.config import load_settings
-    from pipeline.job import run_forever
-    from pipeline.producers import publish_records
-    from pipeline.topics import make_client
-
-    with tempfile.TemporaryDirectory(prefix="ss-class-archive-") as tmp:
-        from pipeline.broker import EmbeddedBroker
-
-        broker = EmbeddedBroker(Path(tmp) / "broker").start()
-        try:
-            settings = load_settings(env={}, cli={
-                "pulsar.service_url": broker.service_url, "paths.data_dir": str(Path(tmp) / "data"),
-                "spark.master": "local[2]", "job.trigger_interval": "200ms", "enrichment.max_wait": "1s",
-                "spark.extra_java_options": f"-XX:ArchiveClassesAtExit={partial} {QUIET}"})
-            client = make_client(broker.service_url)
-            try:
-                for kind, records in training_records().items():
-                    publish_records(client, settings.topics[kind], kind, records)
-            finally:
-                client.close()
-            run_forever(settings, max_batches=2)
-        finally:
-            from pyspark.sql import SparkSession
-
-            session = SparkSession.getActiveSession()
-            if session is not None:
-                session.stop()  # the JVM exits with this process and writes the archive then
-            broker.stop()
-
-
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING)
-    if len(sys.argv) == 3 and sys.argv[1] == "--train":
-        train(Path(sys.argv[2]))
-    else:
-        sys.exit(0 if build() else 0)  # never fail setup over an optimisation
+    sys.exit(0 if build() else 0)  # never fail setup over an optimisation

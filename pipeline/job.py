@@ -8,50 +8,34 @@
 The parse step runs inside the source's read tasks (its ``transform`` option). The lookups are
 one Java operator used twice (pipeline/enrich/lookups.py, jvm/); everything else is Python.
 
-On failure the query restarts from its last checkpoint up to ``job.restart.attempts`` times,
-``job.restart.delay`` apart; each attempt is an event. Sink or checkpoint path errors stop the
-job at once: retrying cannot fix a full disk or a read-only folder.
+Restarts, what cannot be retried, signals and the start-up clock are pipeline/supervisor.py's,
+shared with the SQL pipelines.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import re
-import signal
 import threading
-import time
-from pathlib import Path
 
 from pipeline import store
 from pipeline.broker import BrokerUse, use_embedded_broker
 from pipeline.config import Settings
-from pipeline.errors import ConfigError, SinkError, StatefulStreamsError
+from pipeline.errors import StatefulStreamsError
 from pipeline.freed_memory import give_back_freed_memory
 from pipeline.metrics import MetricsStore, prune_old_days
 from pipeline.sinks import SinkMaintenance, SinkWriter, last_committed_batch
+from pipeline.supervisor import (CHECKPOINT_LAYOUT, EVENT_TIME_LAYOUT, Lifecycle, StartupClock, Supervisor,
+                                 check_checkpoint_layout, stop_on_signals)
 
 log = logging.getLogger(__name__)
-NON_RETRYABLE = ("SinkError", "Permission denied", "No space left on device", "Read-only file system")
 
 
 class JobFailed(StatefulStreamsError):
     """The job stopped: its restart attempts are spent, or the error cannot be retried."""
 
 
-def summarize_error(text: str) -> str:
-    """One line for an operator from a (possibly Java- and Python-wrapped) exception text."""
-    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
-    for pattern in (r"^pipeline\.errors\.\w+: .+", r"^\w*(Error|Exception): .+"):
-        found = [line for line in lines if re.match(pattern, line)]
-        if found:  # our own errors (a sink's, raised in foreachBatch) read without their class name
-            return re.sub(r"^pipeline\.errors\.\w+: ", "", found[-1])[:500]
-    return (lines[0] if lines else "unknown error")[:500]
-
-
-CHECKPOINT_LAYOUT = "changelog-lookup-v1"  # what the state in a checkpoint was written by
-EVENT_TIME_LAYOUT = "versioned-lookup-v1"  # enrichment.time = event: versions per key, another state shape
+JOB = Lifecycle("job", "job_failed", "job_stopped", JobFailed)
 
 
 def checkpoint_layout(settings: Settings) -> str:
@@ -59,51 +43,9 @@ def checkpoint_layout(settings: Settings) -> str:
     return EVENT_TIME_LAYOUT if settings["enrichment.time"] == "event" else CHECKPOINT_LAYOUT
 
 
-def check_checkpoint_layout(checkpoint: Path, layout: str = CHECKPOINT_LAYOUT) -> None:
-    """Refuse a checkpoint whose state an older job layout wrote; mark a fresh one as ours.
-
-    The bucketed Python lookups kept their state in another shape, which Spark cannot read
-    into the JVM operator; their checkpoints carry no layout file.
-    """
-    marker = checkpoint / "layout"
-    if marker.is_file() and marker.read_text().strip() == layout:
-        return
-    if last_committed_batch(checkpoint) >= 0:
-        found = marker.read_text().strip() if marker.is_file() else "the bucketed Python lookups (before the JVM operator)"
-        raise ConfigError(f"checkpoint {str(checkpoint)!r} was written by {found} and cannot be restored into "
-                          f"this job; move it aside (or delete it) to start fresh from the topics")
-    checkpoint.mkdir(parents=True, exist_ok=True)
-    marker.write_text(layout + "\n")
-
-
-class StartupClock:
-    """Seconds each start-up phase took, from the process's own start (imports included)."""
-
-    def __init__(self):
-        self.phases = {"process_and_imports": round(process_age_s(), 2)}
-        self._last = time.monotonic()
-
-    def mark(self, phase: str) -> None:
-        now = time.monotonic()
-        self.phases[phase] = round(now - self._last, 2)
-        self._last = now
-
-    def total_s(self) -> float:
-        return sum(self.phases.values())
-
-
-def process_age_s() -> float:
-    """Seconds since this process started (Linux /proc; 0 where there is none)."""
-    try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        uptime = float(Path("/proc/uptime").read_text().split()[0])
-        return max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return 0.0
-
-
-def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter):
-    """Start the streaming query (returns the StreamingQuery)."""
+def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter, guard=lambda write: write):
+    """Start the streaming query (returns the StreamingQuery); ``guard`` wraps its batch function
+    (``Supervisor.batch``)."""
     from pyspark.sql import functions as F
 
     from pipeline.enrich import rules
@@ -172,7 +114,7 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter)
         give_back_freed_memory()
 
     interval_ms = int(settings["job.trigger_interval"] * 1000)
-    return (rows.writeStream.queryName("enrichment").foreachBatch(write_batch)
+    return (rows.writeStream.queryName("enrichment").foreachBatch(guard(write_batch))
             .option("checkpointLocation", str(checkpoint))
             .trigger(processingTime=f"{interval_ms} milliseconds").start())
 
@@ -210,38 +152,12 @@ def connect_broker(settings: Settings) -> tuple[str, BrokerUse | None]:
     return use.service_url, use
 
 
-def finish_batch_in_flight(query, timeout_s: float = 30.0) -> None:
-    """Wait, up to ``timeout_s``, for the micro-batch being run to commit, so that stopping the
-    query cancels no work (a cancelled batch is redone after a restart, but fills the log with
-    Spark's and py4j's traces)."""
-    def last_batch() -> int:
-        progress = query.lastProgress
-        return progress["batchId"] if progress else -1
-
-    # Only the batch running now: with timers pending, Spark starts the next batch right after
-    # it, so "no trigger active" may never be seen.
-    running = last_batch()
-    deadline = time.monotonic() + timeout_s
-    while (query.isActive and query.status.get("isTriggerActive") and last_batch() == running
-           and time.monotonic() < deadline):
-        time.sleep(0.1)
-
-
-def stop_on_signals(stop: threading.Event) -> None:
-    """Ctrl-C and SIGTERM set ``stop`` (only the main thread may install signal handlers)."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        signal.signal(signal.SIGINT, lambda *_: stop.set())
-
-
 def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event | None = None) -> None:
     """Run the job until stopped (Ctrl-C / SIGTERM / ``stop``), ``max_batches`` are done, or it fails for good.
 
     Holds the data dir's job lock (pipeline/lock.py) from before the broker starts to the end,
     so a second job on the same data dir refuses at once, and a restore never runs under it.
     """
-    from pyspark.errors import StreamingQueryException
-
     from pipeline.lock import acquire_job_lock
     from pipeline.savepoints import recover_restore
     from pipeline.listener import JobListener
@@ -293,49 +209,19 @@ def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event 
         maintenance = SinkMaintenance(writer, settings.data_dir, settings["sinks.compact_interval"],
                                       settings["sinks.vacuum_retention"], record,
                                       prune=lambda: prune_old_days(settings.data_dir, settings["metrics.retention"])).start()
-        attempts, delay = settings["job.restart.attempts"], settings["job.restart.delay"]
         startup.mark("listeners")
         metrics_store.event("job_started", f"job started on {settings['spark.master']} reading {service_url} "
                             f"in {startup.total_s():.1f}s", settings=settings.redacted(), startup_s=startup.phases)
-        attempt = 0
-        while True:
-            last = recover_sinks(writer, settings)
-            query = build_query(spark, settings, service_url, writer)
-            try:
-                while query.isActive and not stop.is_set() and writer.failure is None:
-                    query.awaitTermination(0.5)
-                if writer.failure is not None:  # a committed batch could not be published
-                    query.stop()
-                    error = str(writer.failure)
-                    record("job_failed", f"job stopped: {error}", error=error)
-                    raise SinkError(error) from None
-                if stop.is_set():
-                    finish_batch_in_flight(query)
-                    query.stop()
-                    record("job_stopped", f"job stopped after batch {last_committed_batch(store.checkpoint_dir(settings.data_dir))}")
-                    recover_sinks(writer, settings)
-                    return
-                query.awaitTermination()  # re-raises the query's failure, if any
-                return
-            except StreamingQueryException as exc:
-                error = summarize_error(exc.getMessage() if hasattr(exc, "getMessage") else str(exc))
-                if any(marker in str(exc) for marker in NON_RETRYABLE):
-                    if "SinkError" not in str(exc):  # Spark's own write failed; its text names no path
-                        cause = next(marker for marker in NON_RETRYABLE if marker in str(exc))
-                        error = (f"{cause} while writing under {str(settings.data_dir)!r} (checkpoint, sinks or "
-                                 "metrics); free space or fix the folder, then run the job again")
-                    record("job_failed", f"job stopped: {error}", error=error)
-                    raise (SinkError if "SinkError" in str(exc) else JobFailed)(error) from None
-                attempt += 1
-                if attempt > attempts:
-                    record("job_failed", f"job failed after {attempts} restarts: {error}", error=error)
-                    raise JobFailed(f"job failed after {attempts} restart attempts: {error}") from None
-                record("restart", f"restart {attempt}/{attempts} in {delay:g}s after: {error}",
-                                    attempt=attempt, max_attempts=attempts, error=error, delay_s=delay)
-                log.warning("query failed (%s); restart %d/%d in %gs", error, attempt, attempts, delay)
-                if stop.wait(delay):
-                    record("job_stopped", "job stopped while waiting to restart")
-                    return
+        checkpoint = store.checkpoint_dir(settings.data_dir)
+        supervisor = Supervisor(JOB, stop, settings["job.restart.attempts"], settings["job.restart.delay"], record,
+                                settings.data_dir)
+
+        def start():
+            recover_sinks(writer, settings)
+            return build_query(spark, settings, service_url, writer, supervisor.batch)
+
+        supervisor.run(start, committed=lambda: last_committed_batch(checkpoint), failure=lambda: writer.failure,
+                       after_stop=lambda: recover_sinks(writer, settings))
     finally:
         if maintenance is not None:
             maintenance.stop()

@@ -153,7 +153,7 @@ def serve_lookups(spark, checkpoint: Path, lines, write) -> None:
 
 def is_event_time(checkpoint: Path) -> bool:
     """Whether the job that wrote this checkpoint ran in event time (its layout marker says)."""
-    from pipeline.job import EVENT_TIME_LAYOUT
+    from pipeline.supervisor import EVENT_TIME_LAYOUT
 
     marker = Path(checkpoint) / "layout"
     return marker.is_file() and marker.read_text().strip() == EVENT_TIME_LAYOUT

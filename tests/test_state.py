@@ -17,7 +17,7 @@ from pipeline import state as state_module
 from pipeline import store
 from pipeline.enrich.lookups import ITEMS, USERS
 from pipeline.state import inspect_key
-from pipeline.job import check_checkpoint_layout
+from pipeline.supervisor import check_checkpoint_layout
 from pipeline.metrics import read_rows
 from pipeline.state_service import service_for
 from factories import item, keyed, order, publish, user

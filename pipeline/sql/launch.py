@@ -74,7 +74,8 @@ def launch(settings: Settings, files: list[str], statements: list[str] | None, n
             sources = ", ".join(f"{t.name} <- {t.topic}" for t in plan.sides)
             print(f"{pipeline}: {plan.kind} of {sources} into {plan.target.name} -> {plan.target.topic}")
         return 0
-    from pipeline.job import connect_broker, stop_on_signals
+    from pipeline.job import connect_broker
+    from pipeline.supervisor import stop_on_signals
     from pipeline.spark import build_spark
 
     stop = threading.Event()

@@ -13,8 +13,7 @@ pipelines, each named, run side by side (each its own process or query).
 
 Guarantees: the Parquet sinks are exactly-once for a glob reader across ``kill -9`` (staged,
 published after Spark's commit); the topic gets each batch's rows at least once (an upsert
-topic absorbs a re-sent batch). On failure the query restarts from its checkpoint up to
-``job.restart.attempts`` times, ``job.restart.delay`` apart; each attempt is an event.
+topic absorbs a re-sent batch). Restarts are the job's (pipeline/supervisor.py).
 """
 
 from __future__ import annotations
@@ -105,19 +104,24 @@ def apply_operators(rows, plan: Plan):
     spark = rows.sparkSession
     jvm = spark._jvm.statefulstreams
     used = used_columns(plan)
-    sides = ";".join(",".join(field_name(s, c) for s, c in used if s == side) for side in range(len(plan.sides)))
+    sides = [[field_name(s, c) for s, c in used if s == side] for side in range(len(plan.sides))]
     aggregate = plan.kind == "aggregate"
-    out = DataFrame(jvm.UpsertJoin.apply(rows._jdf, "key", "side", "op", sides, "source_partition,position", aggregate), spark)
+    join = (jvm.JoinSpec().key("key").side("side").op("op").sides(sides)
+            .readOrder(["source_partition", "position"]).emitBefore(aggregate))
+    out = DataFrame(jvm.UpsertJoin.apply(rows._jdf, join), spark)
     if not aggregate:
         return out
     groups = [field_name(0, column) for column in plan.group_by]
     out = out.withColumn("group_key", F.to_json(F.array(*[F.col(g).cast("string") for g in groups])))
-    specs = ",".join(f"{o.aggregate}:{field_name(0, o.argument) if o.argument else ''}:agg{i}"
-                     for i, o in enumerate(plan.outputs) if o.aggregate)
-    return DataFrame(jvm.GroupAggregate.apply(out._jdf, "group_key", "key", "op", ",".join(groups), specs), spark)
+    spec = jvm.AggregateSpec().groupKey("group_key").member("key").op("op").groups(groups)
+    for i, o in enumerate(plan.outputs):
+        if o.aggregate:
+            spec.aggregate(o.aggregate, field_name(0, o.argument) if o.argument else "", f"agg{i}")
+    return DataFrame(jvm.GroupAggregate.apply(out._jdf, spec), spark)
 
 
-def build_query(spark, settings: Settings, plan: Plan, name: str, service_url: str, writer: SqlSinkWriter, producer):
+def build_query(spark, settings: Settings, plan: Plan, name: str, service_url: str, writer: SqlSinkWriter, producer,
+                guard=lambda write: write):
     from pipeline.source.counts import list_topic_partitions, observe_rows
     from pipeline.source.datasource import PulsarDataSource
 
@@ -146,7 +150,7 @@ def build_query(spark, settings: Settings, plan: Plan, name: str, service_url: s
         give_back_freed_memory()
 
     interval_ms = int(settings["job.trigger_interval"] * 1000)
-    return (out.writeStream.queryName(f"sql-{name}").foreachBatch(write_batch)
+    return (out.writeStream.queryName(f"sql-{name}").foreachBatch(guard(write_batch))
             .option("checkpointLocation", str(store.sql_dir(settings.data_dir, name) / "checkpoint"))
             .trigger(processingTime=f"{interval_ms} milliseconds").start())
 
@@ -174,9 +178,8 @@ def make_listener(query_name: str, metrics: MetricsStore, writer: SqlSinkWriter,
 def run_sql_pipeline(settings: Settings, plan: Plan, name: str, max_batches: int = 0,
                      stop: threading.Event | None = None, spark=None) -> None:
     """Run the pipeline until stopped (``stop``, Ctrl-C / SIGTERM), ``max_batches`` are done, or it fails for good."""
-    from pyspark.errors import StreamingQueryException
-
-    from pipeline.job import connect_broker, finish_batch_in_flight, stop_on_signals, summarize_error
+    from pipeline.job import connect_broker
+    from pipeline.supervisor import Lifecycle, Supervisor, stop_on_signals
     from pipeline.producers import create_producer
     from pipeline.topics import make_client
 
@@ -211,35 +214,15 @@ def run_sql_pipeline(settings: Settings, plan: Plan, name: str, max_batches: int
         spark.streams.addListener(listener)
         metrics.event("sql_started", f"SQL pipeline {name!r} started: {plan.kind} into {plan.target.topic}",
                       sources={t.name: t.topic for t in plan.sides})
-        attempts, delay = settings["job.restart.attempts"], settings["job.restart.delay"]
-        attempt = 0
-        while True:
+        lifecycle = Lifecycle(f"SQL pipeline {name!r}", "sql_failed", "sql_stopped", SqlPipelineFailed)
+        supervisor = Supervisor(lifecycle, stop, settings["job.restart.attempts"], settings["job.restart.delay"],
+                                metrics.event, root)
+
+        def start():
             writer.recover(last_committed_batch(checkpoint))
-            query = build_query(spark, settings, plan, name, service_url, writer, producer)
-            try:
-                while query.isActive and not stop.is_set() and writer.failure is None:
-                    query.awaitTermination(0.5)
-                if stop.is_set() or writer.failure is not None:
-                    finish_batch_in_flight(query)
-                    query.stop()
-                    if writer.failure is not None:
-                        metrics.event("sql_failed", f"SQL pipeline {name!r} stopped: {writer.failure}")
-                        raise writer.failure
-                    metrics.event("sql_stopped", f"SQL pipeline {name!r} stopped after batch {last_committed_batch(checkpoint)}")
-                    return
-                query.awaitTermination()
-                return
-            except StreamingQueryException as exc:
-                error = summarize_error(exc.getMessage() if hasattr(exc, "getMessage") else str(exc))
-                attempt += 1
-                if attempt > attempts:
-                    metrics.event("sql_failed", f"SQL pipeline {name!r} failed after {attempts} restarts: {error}", error=error)
-                    raise SqlPipelineFailed(f"SQL pipeline {name!r} failed after {attempts} restart attempts: {error}") from None
-                metrics.event("restart", f"restart {attempt}/{attempts} in {delay:g}s after: {error}",
-                              attempt=attempt, max_attempts=attempts, error=error)
-                if stop.wait(delay):
-                    metrics.event("sql_stopped", f"SQL pipeline {name!r} stopped while waiting to restart")
-                    return
+            return build_query(spark, settings, plan, name, service_url, writer, producer, supervisor.batch)
+
+        supervisor.run(start, committed=lambda: last_committed_batch(checkpoint), failure=lambda: writer.failure)
     finally:
         if listener is not None:
             spark.streams.removeListener(listener)
