@@ -9,8 +9,9 @@ every driver JVM at it (bench/bench_startup.py measures the difference).
 
 The training run is pipeline/class_archive_training.py (it runs the job, which starts Spark with
 these options: kept apart so that neither imports the other). The archive is a build output
-beside the operators' jar, tied to this JDK and this venv's jars: when either changes the JVM ignores it and starts the slow way (its warnings are
-silenced), so it can only make a start faster, never break one.
+beside the operators' jar, tied to this JDK and this venv's jars: when either changes the JVM
+ignores it and starts the slow way (its warnings are silenced), so it can only make a start
+faster, never break one.
 
     python -m pipeline.class_archive          # (re)build it; make setup does this
 """

@@ -19,6 +19,16 @@ from pipeline.broker import EmbeddedBroker
 from pipeline.config import Settings, load_settings
 
 _counter = itertools.count()
+# Fixtures that start a broker or Spark: a test using one is marked ``services`` (and left out of
+# ``make test-fast``); a test that starts the job is marked ``e2e`` by its file.
+SERVICE_FIXTURES = {"broker", "spark", "apache_pulsar", "settings_factory", "apache_settings_factory",
+                    "partitioned_broker", "partitioned"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if SERVICE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.services)
 
 
 @pytest.fixture(scope="session")

@@ -350,6 +350,7 @@ def test_backpressure_page_reads_progress_rows_from_before_the_planner_said(open
     assert "No batch recorded what its planner admitted yet" in _texts(app.caption)
 
 
+@pytest.mark.e2e
 def test_checkpoints_page_history_restarts_and_savepoints(open_page, fixture_data, control):
     app = open_page("checkpoints.py", fixture_data.data_dir)
     progress = read_metrics(fixture_data.data_dir, "progress")

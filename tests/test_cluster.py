@@ -30,6 +30,8 @@ from pipeline.broker import die_with_parent
 from sinkread import invoices
 from waiting import wait_for
 
+pytestmark = pytest.mark.e2e  # every test here starts the job
+
 ROOT = Path(__file__).resolve().parent.parent
 SPARK_CLASS = Path(sys.executable).parent / "spark-class"
 SPARK_HOME = os.path.dirname(importlib.util.find_spec("pyspark").origin)  # the wheel is a Spark distribution

@@ -27,6 +27,8 @@ from jobproc import JobProcess
 from sinkread import invoices
 from waiting import wait_for
 
+pytestmark = pytest.mark.e2e  # every test here starts the job
+
 
 
 def committed_batches(data_dir) -> int:

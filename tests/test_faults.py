@@ -18,6 +18,8 @@ from jobproc import JobThread
 from sinkread import count, invoices, orders_done, rows
 from waiting import wait_for
 
+pytestmark = pytest.mark.e2e  # every test here starts the job
+
 
 def load_state(settings, users=range(1, 21), items=range(1, 6)):
     publish(settings.service_url, settings.topics["users"], keyed("users", [user(u) for u in users]))

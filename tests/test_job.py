@@ -17,6 +17,8 @@ from jobproc import JobThread
 from sinkread import count, rows
 from waiting import wait_for
 
+pytestmark = pytest.mark.e2e  # every test here starts the job
+
 MAX_WAIT = "12s"
 
 

@@ -40,6 +40,7 @@ def holder(tmp_path):
         process.wait()
 
 
+@pytest.mark.e2e
 def test_a_second_run_and_a_restore_refuse_while_a_job_holds_the_lock(holder):
     data_dir, process = holder
     settings = load_settings(env={}, cli={"paths.data_dir": str(data_dir)})

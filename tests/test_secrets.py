@@ -43,6 +43,7 @@ def files_holding(root: Path, needles: list[bytes]) -> list[str]:
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.e2e
 def test_the_job_puts_its_secrets_on_no_command_line_log_or_store(tmp_path, broker, unique_topics):
     token, spark_secret = f"tok-{secrets.token_hex(16)}", f"sps-{secrets.token_hex(16)}"
     topics = unique_topics()

@@ -3,6 +3,7 @@ nothing is lost: once the path is fixed, the next run commits it (issue 13, item
 
 from __future__ import annotations
 
+import pytest
 import re
 
 from pipeline import store
@@ -11,6 +12,8 @@ from factories import item, keyed, order, publish, user
 from jobproc import JobProcess, cli_args
 from sinkread import invoices
 from waiting import wait_for
+
+pytestmark = pytest.mark.e2e  # every test here starts the job
 
 ORDERS = 200
 
