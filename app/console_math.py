@@ -398,10 +398,20 @@ CHANGELOGS = lookups.CHANGELOGS
 LOOKUP_NAMES = tuple(lookup.reason for lookup in lookups.LOOKUPS)
 MISSING_REASONS = {reason: tuple(lookup.reason for lookup in lookups.lookups_missing(reason))
                    for reason in lookups.LOOKUP_REASONS}
+ALL_MISSING = lookups.LOOKUP_REASONS[-1]  # no lookup found the order: user_and_item
+ID_COLUMNS = {lookup.reason: lookup.id_column for lookup in lookups.LOOKUPS}  # {"user": "user_id", "item": "item_id"}
+AS_OF_COLUMNS = {lookup.reason: lookup.as_of_column for lookup in lookups.LOOKUPS}  # event time: {"user": "user_as_of", …}
+CHANGELOG_NAMES = {lookup.changelog: lookup.reason for lookup in lookups.LOOKUPS}  # {"users": "user", "items": "item"}
 UNDECIDED_REASONS = {  # event time: decided by no lookup
     lookups.LATE: "late: older than the watermark minus the allowed lateness when read",
     lookups.FUTURE: "future: further past the time the changelogs had reached than the future horizon when read",
 }
+
+
+def join_words(words: Sequence[str], last: str = "and") -> str:
+    """``["user", "item", "store"]`` -> ``"user, item and store"`` (``last`` joins the last two)."""
+    words = list(words)
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} {last} {words[-1]}"
 
 
 def describe_missing_reason(reason: str, *ids_then_waited_ms: Any) -> str:
@@ -415,7 +425,7 @@ def describe_missing_reason(reason: str, *ids_then_waited_ms: Any) -> str:
     key_of = dict(zip(LOOKUP_NAMES, ids))
     named = [f"{name} {key_of[name]}" for name in MISSING_REASONS.get(reason, ())]
     cause = (f"unknown reason {reason!r}" if not named else f"{named[0]} not in state" if len(named) == 1
-             else f"neither {', '.join(named[:-1])} nor {named[-1]} in state")
+             else f"neither {join_words(named, 'nor')} in state")
     waited = f" after waiting {format_age(waited_ms)}" if waited_ms else " (buffering is off)"
     return cause + waited
 

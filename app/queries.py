@@ -18,14 +18,17 @@ import pandas as pd
 
 from app.catalog import SINK_TIME, catalog_for, count_by_bucket
 from app.sources import Connection, files_relation, query_frame, sink_relation
+from pipeline.enrich.lookups import LOOKUP_REASONS, LOOKUPS, lookups_missing
 
 RATE_WINDOW_S = 60
-# Which reasons mean that a user or an item was missing, and the column holding its id.
-MISSING_KEYS = {
-    "user": ("user_id", ("user", "user_and_item")),
-    "item": ("item_id", ("item", "user_and_item")),
-}
-ORDER_KEYS = {"user": "user_id", "item": "item_id"}
+# Per lookup (pipeline/enrich/lookups.py), by its name: the column holding its id, and which
+# reasons mean it was missing: {"user": ("user_id", ("user", "user_and_item")), "item": …}.
+ORDER_KEYS = {lookup.reason: lookup.id_column for lookup in LOOKUPS}
+MISSING_KEYS = {lookup.reason: (lookup.id_column, tuple(reason for reason in LOOKUP_REASONS if lookup in lookups_missing(reason)))
+                for lookup in LOOKUPS}
+_IDS = ", ".join(ORDER_KEYS.values())  # user_id, item_id
+# Event time: the time of the version each lookup decided an order with (NULL in processing time).
+_AS_OF = ", ".join(f"CAST({{prefix}}{lookup.as_of_column} AS TIMESTAMP) AS {lookup.as_of_column}" for lookup in LOOKUPS)
 LATENCY_MS = "(epoch_ms(enriched_at) - epoch_ms(published_at))"
 
 
@@ -163,8 +166,7 @@ def load_newest_enriched(connection: Connection, data_dir: Path, limit: int = 20
         SELECT CAST(enriched_at AS TIMESTAMP) AS enriched_at, invoice_id, line_item_id,
                user_id, user_first_name || ' ' || user_last_name AS user_name, user_email,
                item_id, item_name, item_category, price, waited_ms,
-               {LATENCY_MS} AS latency_ms, batch_id, source_message_id,
-               CAST(user_as_of AS TIMESTAMP) AS user_as_of, CAST(item_as_of AS TIMESTAMP) AS item_as_of
+               {LATENCY_MS} AS latency_ms, batch_id, source_message_id, {_AS_OF.format(prefix="")}
         FROM {sink_relation(data_dir, 'enriched', newest_rows=limit)}
         ORDER BY enriched_at DESC, invoice_id DESC, line_item_id DESC
         LIMIT $limit"""
@@ -178,45 +180,45 @@ def load_missing_orders(
     connection: Connection,
     data_dir: Path,
     invoice_id: int | None = None,
-    user_id: int | None = None,
-    item_id: int | None = None,
     limit: int = 200,
+    **ids: int | None,
 ) -> pd.DataFrame:
-    """Missing-state orders matching every id given (newest first), and what happened since.
+    """Missing-state orders matching every id given (newest first; ``ids`` by the lookups' id
+    columns: ``user_id``, ``item_id``), and what happened since.
 
-    ``user_seen_at`` / ``item_seen_at``: the earliest ``enriched_at`` after the order's
-    ``detected_at`` of an enriched order with the same user / item, i.e. when that key
+    ``user_seen_at`` / ``item_seen_at`` (one per lookup): the earliest ``enriched_at`` after the
+    order's ``detected_at`` of an enriched order with the same user / item, i.e. when that key
     appeared in state; NULL if it has not appeared yet. ``redrive_enriched_at`` and
     ``redrive_missing_at`` say what became of a re-drive of this order, if any.
     """
-    searching = invoice_id is not None or user_id is not None or item_id is not None
+    unknown = set(ids) - set(ORDER_KEYS.values())
+    if unknown:
+        raise TypeError(f"load_missing_orders() got unknown ids {sorted(unknown)!r}; expected {list(ORDER_KEYS.values())}")
+    keys = {column: ids.get(column) for column in ORDER_KEYS.values()}
+    searching = invoice_id is not None or any(value is not None for value in keys.values())
+    key_filters = "".join(f"\n          AND (${column} IS NULL OR {column} = ${column})" for column in keys)
     picked = query_frame(connection, f"""
         SELECT epoch_ms(detected_at) AS detected_ms, *
         FROM {sink_relation(data_dir, 'missing_state', newest_rows=None if searching else limit)}
-        WHERE ($invoice_id IS NULL OR invoice_id = $invoice_id)
-          AND ($user_id IS NULL OR user_id = $user_id)
-          AND ($item_id IS NULL OR item_id = $item_id)
+        WHERE ($invoice_id IS NULL OR invoice_id = $invoice_id){key_filters}
         ORDER BY detected_at DESC, invoice_id DESC, line_item_id DESC LIMIT $limit""",
-        {"invoice_id": invoice_id, "user_id": user_id, "item_id": item_id, "limit": int(limit)})
+        {"invoice_id": invoice_id, **keys, "limit": int(limit)})
     picked.insert(0, "row_key", range(len(picked)))
     # Everything that can answer "what happened since" was committed after the oldest pick,
     # and one pass over those enriched files finds it all.
     since_ms = int(picked["detected_ms"].min()) - 1 if not picked.empty else None
+    later = "".join(f"""
+        later_{key} AS (
+            SELECT p.row_key, min(h.enriched_at) AS seen_at FROM picked p
+            JOIN hits h ON h.{column} = p.{column} AND h.enriched_at > p.detected_at GROUP BY 1
+        ),""" for key, column in ORDER_KEYS.items())
     sql = f"""
         WITH hits AS (
-            SELECT user_id, item_id, enriched_at, redrive_of
+            SELECT {_IDS}, enriched_at, redrive_of
             FROM {sink_relation(data_dir, "enriched", newer_than_ms=since_ms)}
-            WHERE user_id IN (SELECT user_id FROM picked) OR item_id IN (SELECT item_id FROM picked)
+            WHERE {" OR ".join(f"{column} IN (SELECT {column} FROM picked)" for column in ORDER_KEYS.values())}
                OR (redrive_of IS NOT NULL AND redrive_of IN (SELECT source_message_id FROM picked))
-        ),
-        later_users AS (
-            SELECT p.row_key, min(h.enriched_at) AS seen_at FROM picked p
-            JOIN hits h ON h.user_id = p.user_id AND h.enriched_at > p.detected_at GROUP BY 1
-        ),
-        later_items AS (
-            SELECT p.row_key, min(h.enriched_at) AS seen_at FROM picked p
-            JOIN hits h ON h.item_id = p.item_id AND h.enriched_at > p.detected_at GROUP BY 1
-        ),
+        ),{later}
         redrive_enriched AS (SELECT redrive_of, min(enriched_at) AS at FROM hits WHERE redrive_of IS NOT NULL GROUP BY 1),
         redrive_missing AS (
             SELECT redrive_of, max(detected_at) AS at
@@ -224,14 +226,13 @@ def load_missing_orders(
             WHERE redrive_of IN (SELECT source_message_id FROM picked) GROUP BY 1
         )
         SELECT CAST(p.detected_at AS TIMESTAMP) AS detected_at, p.invoice_id, p.line_item_id,
-               p.user_id, p.item_id, p.item_name, p.price, p.reason, p.waited_ms,
-               CAST(lu.seen_at AS TIMESTAMP) AS user_seen_at, CAST(li.seen_at AS TIMESTAMP) AS item_seen_at,
+               {", ".join(f"p.{column}" for column in ORDER_KEYS.values())}, p.item_name, p.price, p.reason, p.waited_ms,
+               {", ".join(f"CAST(later_{key}.seen_at AS TIMESTAMP) AS {key}_seen_at" for key in ORDER_KEYS)},
                CAST(re.at AS TIMESTAMP) AS redrive_enriched_at, CAST(rm.at AS TIMESTAMP) AS redrive_missing_at,
                p.redrive_of, p.source_message_id, CAST(p.created_at AS TIMESTAMP) AS created_at,
-               CAST(p.user_as_of AS TIMESTAMP) AS user_as_of, CAST(p.item_as_of AS TIMESTAMP) AS item_as_of
+               {_AS_OF.format(prefix="p.")}
         FROM picked p
-        LEFT JOIN later_users lu ON lu.row_key = p.row_key
-        LEFT JOIN later_items li ON li.row_key = p.row_key
+        {" ".join(f"LEFT JOIN later_{key} ON later_{key}.row_key = p.row_key" for key in ORDER_KEYS)}
         LEFT JOIN redrive_enriched re ON re.redrive_of = p.source_message_id
         LEFT JOIN redrive_missing rm ON rm.redrive_of = p.source_message_id
         ORDER BY p.row_key"""
@@ -280,22 +281,21 @@ def load_top_missing_keys(connection: Connection, data_dir: Path, window_end_ms:
     )
     top = query_frame(connection, f"""
         WITH missing AS MATERIALIZED (
-            SELECT user_id, item_id, reason, detected_at
+            SELECT {_IDS}, reason, detected_at
             FROM {sink_relation(data_dir, 'missing_state', newer_than_ms=since_window_ms)}
             WHERE epoch_ms(detected_at) > $since_ms AND epoch_ms(detected_at) <= $end_ms)
         {per_key}""", {"limit": int(limit), "since_ms": since_window_ms, "end_ms": int(window_end_ms)})
     since_ms = int(top["last_detected_ms"].min()) - 1 if not top.empty else None
     sql = f"""
         WITH hits AS (
-            SELECT user_id, item_id, enriched_at
+            SELECT {_IDS}, enriched_at
             FROM {sink_relation(data_dir, 'enriched', newer_than_ms=since_ms)}
-            WHERE user_id IN (SELECT key_id FROM top WHERE key = 'user')
-               OR item_id IN (SELECT key_id FROM top WHERE key = 'item')
+            WHERE {" OR ".join(f"{column} IN (SELECT key_id FROM top WHERE key = '{key}')" for key, column in ORDER_KEYS.items())}
         ),
         seen AS (
             SELECT t.key, t.key_id, min(h.enriched_at) AS seen_since_at
             FROM top t JOIN hits h
-              ON (CASE t.key WHEN 'user' THEN h.user_id ELSE h.item_id END) = t.key_id
+              ON (CASE t.key {" ".join(f"WHEN '{key}' THEN h.{column}" for key, column in ORDER_KEYS.items())} END) = t.key_id
              AND h.enriched_at > t.last_detected_at
             GROUP BY 1, 2
         )
@@ -337,12 +337,12 @@ def load_key_load(connection: Connection, data_dir: Path, window_end_ms: int, wi
 
     sql = f"""
         WITH orders AS MATERIALIZED (
-            SELECT user_id, item_id FROM {sink_relation(data_dir, 'enriched', newer_than_ms=since_ms)}
+            SELECT {_IDS} FROM {sink_relation(data_dir, 'enriched', newer_than_ms=since_ms)}
             WHERE {in_window.format(time='enriched_at')}
             UNION ALL
-            SELECT user_id, item_id FROM {sink_relation(data_dir, 'missing_state', newer_than_ms=since_ms)}
+            SELECT {_IDS} FROM {sink_relation(data_dir, 'missing_state', newer_than_ms=since_ms)}
             WHERE {in_window.format(time='detected_at')}
         )
-        SELECT * EXCLUDE (rank) FROM ({ranked('user')} UNION ALL {ranked('item')}) ORDER BY key DESC, rank"""
+        SELECT * EXCLUDE (rank) FROM ({" UNION ALL ".join(ranked(key) for key in ORDER_KEYS)}) ORDER BY key DESC, rank"""
     return query_frame(connection, sql, {"limit": int(limit), "fraction": float(top_fraction),
                                     "since_ms": since_ms, "end_ms": int(window_end_ms)})

@@ -113,6 +113,22 @@ def is_missing(value: Any) -> bool:
         return False
 
 
+def lookup_column_config() -> dict:
+    """Table column labels of each lookup's columns: its id (``user``) and, in event time, the
+    time of the version an order was decided with (``user as of (event time)``)."""
+    return {
+        **{column: st.column_config.NumberColumn(name, format="%d") for name, column in console_math.ID_COLUMNS.items()},
+        **{column: st.column_config.DatetimeColumn(f"{name} as of (event time)", format="YYYY-MM-DD HH:mm:ss.SSS")
+           for name, column in console_math.AS_OF_COLUMNS.items()},
+    }
+
+
+def drop_unused_as_of(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` without the lookups' as-of columns when none holds a time (processing time)."""
+    as_of = list(console_math.AS_OF_COLUMNS.values())
+    return frame.drop(columns=as_of) if frame[as_of].isna().all().all() else frame
+
+
 def render_table(frame: pd.DataFrame, column_config: dict | None = None, height: int | str = "auto",
                  placeholder: str | None = None) -> None:
     """A table without its index; ``placeholder`` is shown in empty cells. Personal columns are

@@ -35,9 +35,9 @@ def render_key_load() -> None:
         return
     load = fetch(queries.load_key_load, data_dir=data_dir, window_end_ms=int(newest_ms),
                  window_s=KEY_WINDOW_S, limit=HOT_KEYS, top_fraction=TOP_FRACTION)
-    loads = {key: load[load["key"] == key] for key in ("user", "item")}
+    loads = {key: load[load["key"] == key] for key in console_math.LOOKUP_NAMES}
     st.caption(f"Orders committed in the {KEY_WINDOW_S // 60} minutes up to the newest one, enriched or missing.")
-    for column, (key, load) in zip(st.columns(2), loads.items()):
+    for column, (key, load) in zip(st.columns(len(loads)), loads.items()):
         spread = load.iloc[0]
         column.metric(
             f"Share of orders on the top 1 % of {key}s",

@@ -63,16 +63,14 @@ def render_live() -> None:
 
     st.subheader("Newest enriched orders")
     newest = fetch(queries.load_newest_enriched, data_dir=data_dir, limit=20)
-    if newest[["user_as_of", "item_as_of"]].isna().all().all():  # processing time: no versions' times
-        newest = newest.drop(columns=["user_as_of", "item_as_of"])
+    newest = views.drop_unused_as_of(newest)  # processing time: no versions' times
     views.render_table(newest, column_config={
+        **views.lookup_column_config(),
         "enriched_at": st.column_config.DatetimeColumn("enriched at (UTC)", format="YYYY-MM-DD HH:mm:ss.SSS"),
         "invoice_id": st.column_config.NumberColumn("invoice", format="%d"),
         "line_item_id": st.column_config.NumberColumn("line", format="%d"),
-        "user_id": st.column_config.NumberColumn("user", format="%d"),
         "user_name": "user name",
         "user_email": "email",
-        "item_id": st.column_config.NumberColumn("item", format="%d"),
         "item_name": "item name",
         "item_category": "category",
         "price": st.column_config.NumberColumn(format="%.2f"),
@@ -80,8 +78,6 @@ def render_live() -> None:
         "source_message_id": "message id",
         "waited_ms": st.column_config.NumberColumn("waited (ms)"),
         "latency_ms": st.column_config.NumberColumn("latency (ms)"),
-        "user_as_of": st.column_config.DatetimeColumn("user as of (event time)", format="YYYY-MM-DD HH:mm:ss.SSS"),
-        "item_as_of": st.column_config.DatetimeColumn("item as of (event time)", format="YYYY-MM-DD HH:mm:ss.SSS"),
     })
 
 

@@ -9,13 +9,14 @@ from app.resources import REFRESH_SECONDS, fetch
 
 WINDOW_S = 15 * 60
 RESULT_LIMIT = 200
-SEARCH_KEYS = {"invoice id": "invoice_id", "user id": "user_id", "item id": "item_id"}
+SEARCH_KEYS = {"invoice id": "invoice_id", **{f"{name} id": column for name, column in console_math.ID_COLUMNS.items()}}
+NAMES = console_math.LOOKUP_NAMES  # user, item
 
 settings = views.load_page_settings()
 data_dir = settings.data_dir
 views.render_page_header(
     "Missing state",
-    "Orders whose user or item was still unknown after waiting `enrichment.max_wait`.",
+    f"Orders whose {console_math.join_words(NAMES, 'or')} was still unknown after waiting `enrichment.max_wait`.",
     settings,
 )
 
@@ -25,15 +26,15 @@ def render_overview() -> None:
     totals = fetch(queries.load_missing_totals, data_dir=data_dir).set_index("reason")["orders"]
     if totals.empty:
         views.render_empty_state(
-            "No missing-state orders yet. Orders land here when their user or item is still unknown "
+            f"No missing-state orders yet. Orders land here when their {console_math.join_words(NAMES, 'or')} is still unknown "
             f"after `enrichment.max_wait`; {views.START_HINT} and produce orders to see some."
         )
         return
     views.render_metric_cards([
         views.MetricCard("Missing orders", views.format_count(totals.sum())),
-        views.MetricCard("User missing", views.format_count(totals.get("user", 0))),
-        views.MetricCard("Item missing", views.format_count(totals.get("item", 0))),
-        views.MetricCard("Both missing", views.format_count(totals.get("user_and_item", 0))),
+        *(views.MetricCard(f"{name.capitalize()} missing", views.format_count(totals.get(name, 0))) for name in NAMES),
+        views.MetricCard("Both missing" if len(NAMES) == 2 else "All missing",
+                         views.format_count(totals.get(console_math.ALL_MISSING, 0))),
     ])
     span = fetch(queries.load_sink_spans, data_dir=data_dir).set_index("sink").loc["missing_state"]
     newest_ms = int(span["newest_ms"])
@@ -42,7 +43,7 @@ def render_overview() -> None:
                       window_s=window_s, bucket_s=bucket_s)
     st.plotly_chart(charts.build_reason_chart(by_reason), key="by_reason")
     top = fetch(queries.load_top_missing_keys, data_dir=data_dir, window_end_ms=newest_ms, window_s=window_s, limit=10)
-    for column, key in zip(st.columns(2), ("user", "item")):
+    for column, key in zip(st.columns(len(NAMES)), NAMES):
         with column:
             render_top_missing(key, top[top["key"] == key].drop(columns=["key"]))
     st.caption(f"Chart and top keys: the {console_math.format_age(window_s * 1000)} up to the newest missing order, "
@@ -80,33 +81,31 @@ def render_orders(search: dict[str, int]) -> list[int]:
         if search:
             views.render_empty_state("No missing-state order matches that id.")
         return []
+    ids, as_of = list(console_math.ID_COLUMNS.values()), list(console_math.AS_OF_COLUMNS.values())
+    rows = [r._asdict() for r in orders.itertuples()]
     shown = orders.assign(
-        why=[console_math.describe_missing_reason(r.reason, r.user_id, r.item_id, r.waited_ms) for r in orders.itertuples()],
-        user_appeared=[console_math.describe_appearance(r.reason, "user", r.user_seen_at) for r in orders.itertuples()],
-        item_appeared=[console_math.describe_appearance(r.reason, "item", r.item_seen_at) for r in orders.itertuples()],
-        redrive=[console_math.describe_redrive(r.redrive_of, r.redrive_enriched_at, r.redrive_missing_at)
-                 for r in orders.itertuples()],
+        why=[console_math.describe_missing_reason(r["reason"], *(r[column] for column in ids), r["waited_ms"]) for r in rows],
+        **{f"{name}_appeared": [console_math.describe_appearance(r["reason"], name, r[f"{name}_seen_at"]) for r in rows]
+           for name in NAMES},
+        redrive=[console_math.describe_redrive(r["redrive_of"], r["redrive_enriched_at"], r["redrive_missing_at"])
+                 for r in rows],
     )
     st.caption(f"{len(orders)} order line(s), newest first" + (f" (the newest {RESULT_LIMIT})" if len(orders) == RESULT_LIMIT else "") + ".")
-    columns = ["detected_at", "invoice_id", "user_id", "item_id", "why", "user_appeared", "item_appeared", "redrive",
+    columns = ["detected_at", "invoice_id", *ids, "why", *(f"{name}_appeared" for name in NAMES), "redrive",
                "line_item_id", "item_name", "price", "source_message_id"]
-    if shown[["user_as_of", "item_as_of"]].notna().any().any():  # event time: the versions the order found
-        columns[4:4] = ["user_as_of", "item_as_of"]
+    if shown[as_of].notna().any().any():  # event time: the versions the order found
+        columns[2 + len(ids):2 + len(ids)] = as_of
     views.render_table(
         shown[columns],
         column_config={
             "detected_at": st.column_config.DatetimeColumn("detected (UTC)", format="YYYY-MM-DD HH:mm:ss"),
             "invoice_id": st.column_config.NumberColumn("invoice", format="%d"),
             "line_item_id": st.column_config.NumberColumn("line", format="%d"),
-            "user_id": st.column_config.NumberColumn("user", format="%d"),
-            "item_id": st.column_config.NumberColumn("item", format="%d"),
+            **views.lookup_column_config(),
             "price": st.column_config.NumberColumn(format="%.2f"),
-            "user_appeared": "user appeared since?",
-            "item_appeared": "item appeared since?",
+            **{f"{name}_appeared": f"{name} appeared since?" for name in NAMES},
             "redrive": "re-drive",
             "source_message_id": "message id",
-            "user_as_of": st.column_config.DatetimeColumn("user as of (event time)", format="YYYY-MM-DD HH:mm:ss.SSS"),
-            "item_as_of": st.column_config.DatetimeColumn("item as of (event time)", format="YYYY-MM-DD HH:mm:ss.SSS"),
         },
     )
     return sorted(set(int(invoice) for invoice in orders["invoice_id"]))
@@ -118,27 +117,29 @@ def render_state_lookup(search: dict[str, int]) -> None:
     if orders.empty:
         return
     st.subheader("What the job holds")
-    st.caption("Reads the running job's state for the chosen order's user and item (Spark's state data source, "
-               "in the console's one state look-up worker: requests queue, one at a time, a few per viewer).")
-    choices = {f"invoice {r.invoice_id} · user {r.user_id} · item {r.item_id}": (int(r.user_id), int(r.item_id))
-               for r in orders.itertuples()}
+    st.caption(f"Reads the running job's state for the chosen order's {console_math.join_words(NAMES)} (Spark's state "
+               "data source, in the console's one state look-up worker: requests queue, one at a time, a few per viewer).")
+    choices = {" · ".join([f"invoice {r['invoice_id']}", *(f"{name} {r[column]}" for name, column in console_math.ID_COLUMNS.items())]):
+               tuple(int(r[column]) for column in console_math.ID_COLUMNS.values())
+               for r in (r._asdict() for r in orders.itertuples())}
     chosen = st.selectbox("Order", list(choices), key="state_order")
-    user_id, item_id = choices[chosen]
+    keys = dict(zip(console_math.CHANGELOGS, choices[chosen]))  # {"users": 42, "items": 7}
+    named = console_math.join_words([f"{console_math.CHANGELOG_NAMES[changelog]} {key}" for changelog, key in keys.items()])
 
     def perform() -> str:
         st.session_state.pop("state_found", None)
-        with st.spinner(f"Reading the job's state for user {user_id} and item {item_id}…"):
+        with st.spinner(f"Reading the job's state for {named}…"):
             st.session_state["state_found"] = views.load_control().inspect_state(
-                settings, [("users", user_id), ("items", item_id)], client=views.client_id())
-        return f"Read what the job holds for user {user_id} and item {item_id}."
+                settings, list(keys.items()), client=views.client_id())
+        return f"Read what the job holds for {named}."
 
     views.render_confirmed_action(
-        "state_lookup", "Look up its user and item…",
-        f"read the job's state for user {user_id} and item {item_id}. This starts the console's state look-up "
+        "state_lookup", f"Look up its {console_math.join_words(NAMES)}…",
+        f"read the job's state for {named}. This starts the console's state look-up "
         "worker (a Spark session of its own) if it is not running, and queues behind other viewers' look-ups.",
         perform, settings)
-    for column, found in zip(st.columns(2), st.session_state.get("state_found", [])):
-        name = "User" if found["lookup"] == "users" else "Item"
+    for column, found in zip(st.columns(len(NAMES)), st.session_state.get("state_found", [])):
+        name = console_math.CHANGELOG_NAMES[found["lookup"]].capitalize()
         column.markdown(f"**{name} {found['key']}** (batch {found['batch_id']})")
         if found["latest"] is None:
             column.info("Nothing held: never seen, or deleted by a tombstone.")
