@@ -406,3 +406,26 @@ def test_kill_9_of_the_job_loses_and_repeats_no_order_and_leaves_no_subscription
     for topic in topics.values():
         subscriptions = admin_get(settings.admin_url, "persistent/" + topic.removeprefix("persistent://") + "/subscriptions")
         assert len(subscriptions) <= 1 and all(name.startswith("ss-probe-") for name in subscriptions), subscriptions
+
+
+@pytest.mark.e2e
+def test_event_time_writes_what_the_temporal_join_gives(apache_settings_factory, apache_pulsar):
+    """The event-time determinism input (tests/test_event_time_job.py) on Apache Pulsar, read as it
+    arrives in batches of 25 messages: the orders first, then the users, then the items. The sinks
+    are the batch-free temporal join's, row for row. Apache Pulsar keeps a message's event time in
+    its metadata as pulsar-lite does; we rely on ``event_timestamp`` coming back unchanged, and on
+    nothing else of the broker for event time (the clock travels in our own offsets)."""
+    from factories import publish_timed
+    from test_event_time_job import EVENT, ORDERS, expected, the_input, written
+
+    settings = apache_settings_factory(job__max_rows_per_batch=25, job__trigger_interval="200ms", **EVENT)
+    data = the_input()
+    job = JobThread(settings)
+    try:
+        wait_for(lambda: read_rows(settings.data_dir, "progress") or job.error, timeout=240, what="the first batch")
+        for kind in ("orders", "users", "items"):
+            publish_timed(apache_pulsar.service_url, settings.topics[kind], data[kind])
+        wait_for(lambda: orders_done(settings.data_dir) >= ORDERS or job.error, timeout=240, what="every order decided")
+    finally:
+        job.close()
+    assert written(settings.data_dir) == expected(data)
