@@ -132,7 +132,8 @@ def test_a_control_button_asks_for_confirmation_before_acting(console, browser):
     try:
         page.get_by_role("button", name="Replay users…").click()
         page.get_by_text("Please confirm:").wait_for(timeout=30_000)
-        assert page.get_by_role("button", name="Confirm").is_visible()
+        # Streamlit draws the confirmation's text and its buttons in separate updates
+        page.get_by_role("button", name="Confirm").wait_for(state="visible", timeout=30_000)
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "replay_confirmation.png"), full_page=True)
         # Nothing was requested: no replay request file exists until "Confirm" is pressed.
