@@ -18,6 +18,7 @@ from pathlib import Path
 
 from pipeline.broker import die_with_parent, running_embedded_url
 from pipeline.config import Settings
+from pipeline.enrich.lookups import CHANGELOGS
 from pipeline.errors import BrokerError
 
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -100,7 +101,7 @@ def run_demo(settings: Settings) -> None:
                 if time.monotonic() > deadline:
                     raise BrokerError(f"the demo broker did not start; see {procs.logs / 'broker.log'}")
                 time.sleep(0.2)
-        for topic in ("items", "users"):
+        for topic in reversed(CHANGELOGS):  # every changelog (items, users) before the orders
             procs.start(f"produce-{topic}", "produce", topic, "--file", str(DATA / f"{topic}.csv"), "--quiet").wait()
         procs.start("sql", *sql_args())
         procs.start("job", "run")
