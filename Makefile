@@ -25,14 +25,17 @@ $(STAMP): requirements.txt
 	$(PY) -m pip install --quiet -r requirements.txt
 	touch $(STAMP)
 
-# The one Java class of the job (the keyed lookup operator), compiled against the pyspark wheel's
-# jars and rebuilt only when its source or the wheel changes. The job adds it with spark.jars.
+# The job's Java operators (pipeline/jvm/: the lookups, and the SQL pipelines' join and
+# aggregation), compiled against the pyspark wheel's jars with every warning an error, and rebuilt
+# only when their source or the wheel changes. The job adds the jar with spark.jars. The classpath
+# leaves out derby's and scala-compiler's jars: their manifests name jars the wheel does not ship
+# (javac's -Xlint:path warning), and the operators use neither.
 $(LOOKUP_JAR): $(LOOKUP_SRC) $(STAMP)
 	@command -v javac >/dev/null || { echo "installing a JDK to build the lookup operator"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq openjdk-17-jdk-headless >/dev/null; }
-	@jars=$$($(PY) -c "import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), 'jars'))"); \
+	@cp=$$($(PY) -c "import glob, os, pyspark; jars = glob.glob(os.path.join(os.path.dirname(pyspark.__file__), 'jars', '*.jar')); print(os.pathsep.join(sorted(j for j in jars if not os.path.basename(j).startswith(('derby', 'scala-compiler')))))"); \
 	  rm -rf pipeline/jvm/build/classes && mkdir -p pipeline/jvm/build/classes && \
-	  javac -nowarn --release 17 -cp "$$jars/*" -d pipeline/jvm/build/classes $(LOOKUP_SRC) && \
+	  javac -Xlint:all -Werror --release 17 -cp "$$cp" -d pipeline/jvm/build/classes $(LOOKUP_SRC) && \
 	  jar cf $@.tmp -C pipeline/jvm/build/classes . && mv $@.tmp $@ && echo "built $@"
 
 # Spark's classes archived for a faster driver start; rebuilt when the jar or the venv changes.
