@@ -70,7 +70,7 @@ def _coerce(field: Field, value: Any) -> Any:
         return number
     if not isinstance(value, str):
         raise BadMessage(f"field {field.name!r} must be a string, got {type(value).__name__} {_short(value)}")
-    if not _text(value):
+    if not encodable_text(value):
         # JSON may escape a lone UTF-16 surrogate (\ud800): valid JSON, but no UTF-8 sink can hold it.
         bad = next(i for i, char in enumerate(value) if 0xD800 <= ord(char) <= 0xDFFF)
         raise BadMessage(f"field {field.name!r} holds a lone surrogate \\u{ord(value[bad]):04x} at character {bad}; "
@@ -110,14 +110,14 @@ def parse_record(topic: str, record: Any) -> dict[str, Any]:
             if field.required:
                 raise BadMessage(f"required field {field.name!r} is missing")
             parsed[field.name] = field.default
-        elif type(value) is field.kind and (_text(value) if field.kind is str else _plain(value)):
+        elif type(value) is field.kind and (encodable_text(value) if field.kind is str else plain_number(value)):
             parsed[field.name] = _check_time(field, value)  # the common case, without _coerce's detours
         else:
             parsed[field.name] = _coerce(field, value)
     return parsed
 
 
-def _text(value: str) -> bool:
+def encodable_text(value: str) -> bool:
     """A string that UTF-8 can encode (no lone surrogates): what every sink and Arrow needs."""
     if value.isascii():
         return True
@@ -128,7 +128,7 @@ def _text(value: str) -> bool:
     return True
 
 
-def _plain(value: int | float) -> bool:
+def plain_number(value: int | float) -> bool:
     """An int in the 64-bit range or a finite float: accepted as it is."""
     if type(value) is int:
         return INT64_MIN <= value <= INT64_MAX
@@ -151,12 +151,19 @@ def parse_payload(topic: str, payload: bytes | None) -> dict[str, Any] | None:
         raise BadMessage("empty payload; only changelog topics take tombstones")
     if len(payload) > MAX_PAYLOAD_BYTES:
         raise BadMessage(f"payload is {len(payload)} bytes, over the {MAX_PAYLOAD_BYTES}-byte limit")
+    return parse_record(topic, load_json(payload))
+
+
+def load_json(payload: bytes) -> Any:
+    """The JSON value of a payload, or BadMessage (one line, nothing else) for invalid UTF-8 or
+    JSON: NaN and Infinity, numbers past 4300 digits and nesting too deep included. The job's
+    topics and the SQL pipelines' tables read their payloads through it."""
     try:
         text = payload.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BadMessage(f"payload is not valid UTF-8 (byte {exc.start})") from None
     try:
-        record = json.loads(text, parse_constant=_reject_constant)
+        return json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
         raise BadMessage(f"payload is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except RecursionError:
@@ -165,7 +172,6 @@ def parse_payload(topic: str, payload: bytes | None) -> dict[str, Any] | None:
         raise
     except ValueError:  # Python's int() limit: a number of more than 4300 digits
         raise BadMessage(f"payload is not valid JSON: a number has over {sys.get_int_max_str_digits()} digits") from None
-    return parse_record(topic, record)
 
 
 def _reject_constant(name: str) -> None:

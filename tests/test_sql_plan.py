@@ -55,6 +55,15 @@ def test_statements_split_at_semicolons_outside_strings():
      "its PRIMARY KEY 'accountId' must be filled from the GROUP BY column (accountId)"),
     ("DELETE FROM users", "statement DELETE is not supported; supported: CREATE TABLE"),
     ("INSERT INTO nowhere (a) SELECT uid FROM users", "INSERT INTO nowhere: no such table"),
+    # refused rather than run as something else
+    ("INSERT INTO counts (accountId, n) SELECT u.uid, u.id FROM users u LEFT JOIN counts FOR SYSTEM_TIME AS OF u.ts AS c "
+     "ON u.uid = c.accountId", "FOR SYSTEM_TIME AS OF (a temporal join) is not supported yet"),
+    ("INSERT INTO counts (accountId, n) SELECT u.uid, u.id FROM users u LEFT JOIN users v ON u.uid = v.uid",
+     "table 'users' is joined to itself; supported: LEFT JOINs of different tables"),
+    ("INSERT INTO counts (accountId, n) SELECT accountId, SUM(score) FROM users GROUP BY accountId",
+     "column 'n' is BIGINT but SUM(…) gives DOUBLE; CAST is not supported yet"),
+    ("INSERT INTO counts (accountId, n) SELECT uid, score FROM users",
+     "column 'n' is BIGINT but score gives DOUBLE"),
 ])
 def test_unsupported_statements_fail_with_one_line_naming_the_clause(query, message):
     with pytest.raises(UnsupportedSql, match=re.escape(message)) as caught:
@@ -79,6 +88,24 @@ def test_a_joined_table_whose_columns_are_not_selected_still_has_a_state_column(
     assert [name for name, _ in envelope_fields(plan) if name.startswith("s2_")] == ["s2_userUid"]
 
 
+def test_a_temporary_table_is_a_table_and_a_computed_column_is_refused_in_one_line():
+    temporary = USERS.replace("CREATE TABLE", "CREATE TEMPORARY TABLE")
+    plan = build_plan(f"{temporary}\n{COUNTS}\nINSERT INTO counts (accountId, n) SELECT accountId, COUNT(1) FROM users "
+                      "GROUP BY accountId;")
+    assert plan.sides[0].name == "users" and plan.kind == "aggregate"
+    computed = TABLE.format(name="users", columns="uid STRING, tag AS uid || 'x'", key="uid")
+    with pytest.raises(UnsupportedSql, match=re.escape("table 'users' column 'tag': a computed column")) as caught:
+        build_plan(computed)
+    assert "\n" not in str(caught.value)
+
+
+def test_sums_and_counts_fit_wider_target_columns():
+    wide = TABLE.format(name="totals", columns="accountId STRING, n DOUBLE, m BIGINT", key="accountId")
+    plan = build_plan(f"{USERS}\n{wide}\nINSERT INTO totals (accountId, n, m) SELECT accountId, SUM(score), "
+                      "SUM(id) FROM users GROUP BY accountId;")
+    assert [(o.name, o.aggregate) for o in plan.outputs] == [("accountId", None), ("n", "SUM"), ("m", "SUM")]
+
+
 def test_a_table_must_be_an_upsert_pulsar_table_with_supported_types():
     with pytest.raises(UnsupportedSql, match=re.escape("WITH 'connector' = 'kafka' is not supported; supported: 'connector' = 'upsert-pulsar'")):
         build_plan(USERS.replace("upsert-pulsar", "kafka"))
@@ -97,7 +124,7 @@ def test_a_value_of_the_wrong_type_names_the_table_and_column():
     assert decide_row(spec, "users", "100-1", b'{"id": 3000000000}')[2] == (
         "table 'users' column 'id': expected INT, got number 3000000000")
     assert decide_row(spec, "users", "100-1", b"[1]")[2] == "table 'users': payload is a JSON array, not an object"
-    assert decide_row(spec, "users", "100-1", b"\xff")[2] == "table 'users': payload is not valid UTF-8"
+    assert decide_row(spec, "users", "100-1", b"\xff")[2] == "table 'users': payload is not valid UTF-8 (byte 0)"
     assert decide_row(spec, "users", None, b"{}")[2].startswith("table 'users': message has no key")
     assert [name for name, _ in envelope_fields(plan)][-1] == "s0_accountId"
 
@@ -116,3 +143,46 @@ def test_result_rows_and_topic_messages_in_the_seeds_json():
     assert build_messages(plan, result) == [("101", b'{"accountId":"101","userCount":3}'), ("100", b"")]
     assert build_dead_letters(rows, 7, 1_000).select(["key", "error", "batch_id"]).to_pylist() == [
         {"key": "x", "error": "bad", "batch_id": 7}]
+
+
+def test_a_null_key_or_a_number_json_cannot_hold_becomes_a_dead_letter_not_a_message():
+    wide = TABLE.format(name="totals", columns="accountId STRING, total DOUBLE", key="accountId")
+    plan = build_plan(f"{USERS}\n{wide}\nINSERT INTO totals (accountId, total) SELECT accountId, SUM(score) FROM users "
+                      "GROUP BY accountId;")
+    rows = pa.table({"op": ["upsert", "upsert", "upsert", "delete"], "key": [None] * 4,
+                     "s0_accountId": ["1", None, "3", "4"], "agg1": [2.5, 1.0, float("inf"), None]})
+    from pipeline.sql.sink import split_unsendable
+
+    result, dead = split_unsendable(plan, build_result(plan, rows, 3, 1_000), 3, 1_000)
+    assert build_messages(plan, result) == [("1", b'{"accountId":"1","total":2.5}'), ("4", b"")]
+    assert dead.column("error").to_pylist() == [
+        "result row of INSERT INTO totals: its PRIMARY KEY 'accountId' is NULL (a NULL group value); not sent",
+        "result row of INSERT INTO totals: column 'total' is inf, which JSON cannot hold; not sent"]
+    assert dead.column("source_topic").to_pylist() == [plan.target.topic] * 2
+
+
+def test_hostile_payloads_become_dead_letters_with_one_line():
+    """The job's JSON guarantees (pipeline/wire.py load_json) hold for the tables' payloads."""
+    plan = build_plan(f"{USERS}\n{COUNTS}\nINSERT INTO counts (accountId, n) SELECT accountId, COUNT(1) FROM users "
+                      "GROUP BY accountId;")
+    spec = table_specs(plan)["users"]
+    hostile = {
+        b'{"uid":"1","accountId":"1","id":' + b"9" * 5000 + b"}": "a number has over 4300 digits",
+        b'{"uid":"1","accountId":"1","score":' + b"9" * 400 + b".5}": "column 'score': expected DOUBLE, got number Infinity",
+        b'{"uid":"1","accountId":' + b"[" * 100_000 + b"]" * 100_000 + b"}": "nested too deeply",
+        b'{"uid":"1","accountId":"\\ud800"}': "column 'accountId': text holds a lone surrogate",
+        b'{"uid":"1","accountId":"1","score":NaN}': "NaN is not a JSON number",
+    }
+    for payload, message in hostile.items():
+        op, fields, error = decide_row(spec, "users", "1", payload)
+        assert op == "dead" and message in error and "\n" not in error, error
+
+
+def test_a_batch_with_nothing_to_refuse_keeps_every_row():
+    from pipeline.sql.sink import split_unsendable
+
+    plan = build_plan(COUNT_SQL.read_text())
+    empty = build_result(plan, pa.table({"op": pa.array([], pa.string()), "key": pa.array([], pa.string()),
+                                         "s0_accountId": pa.array([], pa.string()), "agg1": pa.array([], pa.int64())}), 1, 0)
+    result, dead = split_unsendable(plan, empty, 1, 0)
+    assert result.num_rows == dead.num_rows == 0

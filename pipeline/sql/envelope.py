@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import json
 
+from pipeline import wire
 from pipeline.sql.plan import Plan
 
 INT_RANGE = {"int": (-2**31, 2**31 - 1), "bigint": (-2**63, 2**63 - 1)}
@@ -86,6 +87,10 @@ def check_value(table: str, column: str, sql_type: str, spark_type: str, value):
     if spark_type in INT_RANGE:
         low, high = INT_RANGE[spark_type]
         ok = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+    if ok and spark_type == "string" and not wire.encodable_text(value):
+        raise ValueError(f"table {table!r} column {column!r}: text holds a lone surrogate, which no sink can hold")
+    if ok and spark_type == "double" and not wire.plain_number(value):
+        ok = False  # past 64 bits, or a float past its range (1e400 reads as inf)
     if not ok:
         shown = json.dumps(value)
         shown = shown if len(shown) <= 40 else shown[:37] + "..."
@@ -110,11 +115,9 @@ def decide_row(spec: dict, table: str, key: str | None, value: bytes | None) -> 
     if not value:
         return "delete", {}, None
     try:
-        record = json.loads(value.decode("utf-8"))
-    except UnicodeDecodeError:
-        return "dead", {}, f"table {table!r}: payload is not valid UTF-8"
-    except ValueError as exc:
-        return "dead", {}, f"table {table!r}: payload is not valid JSON ({exc.msg} at char {exc.pos})"
+        record = wire.load_json(value)
+    except wire.BadMessage as exc:
+        return "dead", {}, f"table {table!r}: {exc}"
     if not isinstance(record, dict):
         return "dead", {}, f"table {table!r}: payload is a JSON {_json_kind(record)}, not an object"
     fields = {}

@@ -155,6 +155,10 @@ def build_table(create: exp.Create, topic_map: dict[str, str]) -> Table:
                                      "supported: a one-column primary key (the message key)")
             primary_key = keys[0]
         elif isinstance(item, exp.ColumnDef):
+            if item.args.get("kind") is None or any(isinstance(c.args.get("kind"), exp.ComputedColumnConstraint)
+                                                    for c in item.constraints):
+                raise UnsupportedSql(f"table {name!r} column {item.name!r}: a computed column "
+                                     f"({item.sql(dialect=Flink)}) is not supported; supported: payload and METADATA columns")
             metadata = any(isinstance(c.args.get("kind"), MetadataColumnConstraint) for c in item.constraints)
             sql_type = item.args["kind"].sql(dialect=Flink)
             base = item.args["kind"].this.name
@@ -170,8 +174,14 @@ def build_table(create: exp.Create, topic_map: dict[str, str]) -> Table:
         raise UnsupportedSql(f"table {name!r} has no PRIMARY KEY; supported: PRIMARY KEY (k) NOT ENFORCED "
                              "(an upsert table is keyed by its message key)")
     properties = create.args.get("properties")
+    # TEMPORARY (a table of this script only) is what every table here is anyway
     options = {p.this.name: p.args["value"].name for p in (properties.expressions if properties else [])
-               if isinstance(p, exp.Property)}
+               if type(p) is exp.Property}
+    unknown = [p.sql(dialect=Flink) for p in (properties.expressions if properties else [])
+               if type(p) is not exp.Property and not isinstance(p, exp.TemporaryProperty)]
+    if unknown:
+        raise UnsupportedSql(f"table {name!r}: {', '.join(unknown)} is not supported; supported: "
+                             "CREATE [TEMPORARY] TABLE … WITH (…)")
     for key, required in REQUIRED_OPTIONS.items():
         if options.get(key, "").lower() != required:
             raise UnsupportedSql(f"table {name!r}: WITH '{key}' = {options.get(key)!r} is not supported; "
@@ -206,6 +216,11 @@ def build_query(insert: exp.Insert, tables: dict[str, Table], statements: tuple[
     driving = select.args["from_"].this
     if not isinstance(driving, exp.Table):
         raise UnsupportedSql(f"FROM {driving.sql(dialect=Flink)} is not supported; supported: FROM a table")
+    for table in [driving, *(join.this for join in select.args.get("joins") or [])]:
+        if isinstance(table, exp.Table) and table.args.get("version") is not None:
+            # refused, not run as a regular join: the versions would be today's, not as of the time
+            raise UnsupportedSql(f"{table.sql(dialect=Flink)!r}: FOR SYSTEM_TIME AS OF (a temporal join) is not "
+                                 f"supported yet; supported: {SHAPES}")
     sides = [_table(tables, driving.name, "FROM")]
     aliases = {(driving.alias_or_name).lower(): 0, driving.name.lower(): 0}
     for join in select.args.get("joins") or []:
@@ -241,7 +256,37 @@ def build_query(insert: exp.Insert, tables: dict[str, Table], statements: tuple[
                                  "columns and COUNT, SUM, MIN, MAX")
     plan = Plan("aggregate" if group else "join", tuple(sides), target, tuple(outputs), group_by, statements)
     _check_key(plan)
+    _check_types(plan)
     return plan
+
+
+# Which value types a target column of each type holds: its own, and the narrower numbers.
+HOLDS = {"string": {"string"}, "boolean": {"boolean"}, "int": {"int"}, "bigint": {"int", "bigint"},
+         "double": {"int", "bigint", "double"}}
+
+
+def output_type(plan: Plan, output: Output) -> str:
+    """The Spark type of what fills one target column: a column's own, COUNT's bigint, SUM's
+    bigint (of whole numbers) or double, MIN's and MAX's their column's."""
+    if output.aggregate == "COUNT":
+        return "bigint"
+    source = plan.sides[0 if output.aggregate else output.side].column(output.argument or output.column).spark_type
+    if output.aggregate == "SUM":
+        return "double" if source == "double" else "bigint"
+    return source
+
+
+def _check_types(plan: Plan) -> None:
+    """Refuse a SELECT whose value does not fit its target column (SUM of a DOUBLE into a BIGINT):
+    found at --check, not on every batch."""
+    for output in plan.outputs:
+        target = plan.target.column(output.name)
+        given = output_type(plan, output)
+        if given not in HOLDS.get(target.spark_type or "", set()):
+            source = f"{output.aggregate}(…)" if output.aggregate else output.column
+            raise UnsupportedSql(f"INSERT INTO {plan.target.name}: column {target.name!r} is {target.sql_type} but "
+                                 f"{source} gives {given.upper()}; CAST is not supported yet, so declare the target "
+                                 f"column as {given.upper()}")
 
 
 def _table(tables: dict[str, Table], name: str, clause: str) -> Table:
@@ -275,6 +320,10 @@ def _join(join: exp.Join, tables: dict[str, Table], sides: list[Table], aliases:
     if join.side != "LEFT" or join.kind or not isinstance(join.this, exp.Table):
         raise UnsupportedSql(f"{text.strip()!r} is not supported; supported: LEFT JOIN table ON a.pk = b.pk")
     table = _table(tables, join.this.name, "LEFT JOIN")
+    if any(side.name.lower() == table.name.lower() for side in sides):
+        # one table's rows would meet themselves in one keyed state: refused rather than write nothing
+        raise UnsupportedSql(f"{text.strip()!r}: table {table.name!r} is joined to itself; supported: "
+                             "LEFT JOINs of different tables")
     sides.append(table)
     index = len(sides) - 1
     scope = {**aliases, join.this.alias_or_name.lower(): index, table.name.lower(): index}

@@ -35,7 +35,8 @@ from pipeline.sinks import last_committed_batch
 from pipeline.sql.envelope import envelope_ddl, make_parser, used_columns, field_name
 from pipeline.sql.plan import Plan
 from pipeline.sql.progress import build_sql_progress_row
-from pipeline.sql.sink import SqlSinkWriter, build_dead_letters, build_messages, build_result, send_messages
+from pipeline.sql.sink import (SqlSinkWriter, build_dead_letters, build_messages, build_result, send_messages,
+                               split_unsendable)
 
 log = logging.getLogger(__name__)
 PIPELINE_FILE = "pipeline.json"
@@ -142,11 +143,14 @@ def build_query(spark, settings: Settings, plan: Plan, name: str, service_url: s
     def write_batch(batch_df, batch_id: int) -> None:
         import time
 
+        import pyarrow as pa
+
         table = batch_df.toArrow()
         now = int(time.time() * 1000)
-        result = build_result(plan, table, batch_id, now)
+        result, unsendable = split_unsendable(plan, build_result(plan, table, batch_id, now), batch_id, now)
         send_messages(producer, build_messages(plan, result))
-        writer.commit_batch({"result": result, "dead_letter": build_dead_letters(table, batch_id, now)}, batch_id)
+        dead_letters = pa.concat_tables([build_dead_letters(table, batch_id, now), unsendable])
+        writer.commit_batch({"result": result, "dead_letter": dead_letters}, batch_id)
         give_back_freed_memory()
 
     interval_ms = int(settings["job.trigger_interval"] * 1000)

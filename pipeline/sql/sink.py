@@ -84,13 +84,44 @@ def build_dead_letters(rows: pa.Table, batch_id: int, now_ms: int) -> pa.Table:
     return pa.Table.from_arrays([columns[f.name].cast(f.type) for f in schema], schema=schema)
 
 
+def split_unsendable(plan: Plan, result: pa.Table, batch_id: int, now_ms: int) -> tuple[pa.Table, pa.Table]:
+    """(the result rows the topic can take, dead letters for the others): a row whose primary key
+    is NULL (a NULL group value; Flink refuses a NULL into a PRIMARY KEY too), or whose number
+    JSON cannot hold (a SUM past a DOUBLE's range is Infinity). Neither is sent nor kept in
+    ``result``; the pipeline goes on."""
+    problems = [None] * result.num_rows
+    key_name = plan.target.primary_key
+    for index, row in enumerate(result.to_pylist()):
+        if row["_key"] is None:
+            problems[index] = (f"result row of INSERT INTO {plan.target.name}: its PRIMARY KEY {key_name!r} is NULL "
+                               "(a NULL group value); not sent")
+        elif row["_op"] != "delete":
+            bad = [name for name, value in row.items() if isinstance(value, float) and value - value != 0.0]
+            if bad:
+                problems[index] = (f"result row of INSERT INTO {plan.target.name}: column {bad[0]!r} is "
+                                   f"{row[bad[0]]}, which JSON cannot hold; not sent")
+    refused = pa.array([problem is not None for problem in problems], pa.bool_())
+    dead = result.filter(refused)
+    n = dead.num_rows
+    schema = SCHEMAS["dead_letter"]
+    columns = {"source_topic": pa.array([plan.target.topic] * n, pa.string()), "source_partition": pa.nulls(n, pa.int32()),
+               "source_message_id": pa.nulls(n, pa.string()), "key": dead["_key"],
+               "payload": pa.array([json.dumps({k: v for k, v in row.items() if not k.startswith("_")})
+                                    for row in dead.to_pylist()], pa.string()),
+               "error": pa.array([p for p in problems if p is not None], pa.string()),
+               "published_at": pa.nulls(n, TS), "detected_at": pa.array([now_ms] * n, pa.int64()).cast(TS),
+               "batch_id": pa.array([batch_id] * n, pa.int64())}
+    dead_letters = pa.Table.from_arrays([columns[f.name].cast(f.type) for f in schema], schema=schema)
+    return result.filter(pc.invert(refused)), dead_letters
+
+
 def build_messages(plan: Plan, result: pa.Table) -> list[tuple[str, bytes]]:
     """(key, payload) per result row: the target's columns as JSON, b"" for a delete."""
     names = [c.name for c in plan.target.payload_columns]
     messages = []
     for row in result.select(["_key", "_op"] + names).to_pylist():
         payload = b"" if row["_op"] == "delete" else json.dumps(
-            {name: row[name] for name in names}, separators=(",", ":")).encode()
+            {name: row[name] for name in names}, separators=(",", ":"), allow_nan=False).encode()
         messages.append((row["_key"], payload))
     return messages
 
