@@ -24,7 +24,7 @@ from pipeline.fields import NONE, Field
 
 JVM_CLASS = "statefulstreams.ChangelogLookup"
 JAR_PATH = Path(__file__).resolve().parent.parent / "jvm" / "build" / "changelog-lookup.jar"
-# Roles the operator understands (ChangelogLookup.SET/DELETE/LOOKUP); any other role passes through.
+# Roles the operators understand (statefulstreams.LookupRole); any other role passes through.
 SET, DELETE, LOOKUP, PASS = "set", "delete", "lookup", "pass"
 # Spark reads a changelog's rows in this order; the operator applies one key's changes in it.
 READ_ORDER = ("source_partition", "position")
@@ -120,18 +120,32 @@ def apply_lookup(frame, lookup: Lookup, max_wait_ms: int):
     # out: {… "user_first_name": "Ada", "user_state": "found", "first_seen_ms": 1795…, "waited_ms": 0}
     """
     from pyspark.sql import DataFrame
+
+    spark = frame.sparkSession
+    spec = build_lookup_spec(spark, lookup).maxWaitMs(int(max_wait_ms))
+    return DataFrame(spark._jvm.statefulstreams.ChangelogLookup.apply(with_roles(frame, lookup)._jdf, spec), spark)
+
+
+def with_roles(frame, lookup: Lookup):
+    """``frame`` with the role of each row for ``lookup``'s operator (its changelog's upserts and
+    tombstones, the orders, the rest passed on).
+
+    # out: {… "lookup_role": "set" | "delete" | "lookup" | "pass"}
+    """
     from pyspark.sql import functions as F
 
     op, kind = F.col("op"), F.col("kind")
     own_change = (kind == lookup.changelog) & op.isin("upsert", "delete")
-    roles = frame.withColumn("lookup_role", F.when(own_change & (op == "upsert"), SET)
-                             .when(own_change, DELETE).when(op == "order", LOOKUP).otherwise(PASS))
-    spark = frame.sparkSession
-    operator = spark._jvm.statefulstreams.ChangelogLookup
-    joined = operator.apply(roles._jdf, lookup.id_column, "lookup_role", ",".join(lookup.state_columns),
-                            lookup.found_column, "first_seen_ms", "waited_ms", ",".join(READ_ORDER),
-                            int(max_wait_ms))
-    return DataFrame(joined, spark)
+    return frame.withColumn("lookup_role", F.when(own_change & (op == "upsert"), SET)
+                            .when(own_change, DELETE).when(op == "order", LOOKUP).otherwise(PASS))
+
+
+def build_lookup_spec(spark, lookup: Lookup):
+    """The Java parameter object of ``lookup``'s operator (statefulstreams.LookupSpec): its
+    columns by name; the caller adds the time bounds. Called on the driver."""
+    return (spark._jvm.statefulstreams.LookupSpec().key(lookup.id_column).role("lookup_role")
+            .state(list(lookup.state_columns)).found(lookup.found_column).firstSeen("first_seen_ms")
+            .waited("waited_ms").readOrder(list(READ_ORDER)))
 
 
 EVENT_JVM_CLASS = "statefulstreams.VersionedLookup"
@@ -239,19 +253,14 @@ def apply_event_lookup(frame, lookup: Lookup, max_wait_ms: int, allowed_lateness
     from pyspark.sql import DataFrame
     from pyspark.sql import functions as F
 
-    op, kind = F.col("op"), F.col("kind")
-    own_change = (kind == lookup.changelog) & op.isin("upsert", "delete")
-    roles = frame.withColumn("lookup_role", F.when(own_change & (op == "upsert"), SET)
-                             .when(own_change, DELETE).when(op == "order", LOOKUP).otherwise(PASS))
     spark = frame.sparkSession
-    operator = spark._jvm.statefulstreams.VersionedLookup
-    joined = operator.apply(roles._jdf, lookup.id_column, "lookup_role", ",".join(lookup.state_columns),
-                            lookup.found_column, "first_seen_ms", "waited_ms", ",".join(READ_ORDER), "event_ms",
-                            "late", lookup.as_of_column, int(max_wait_ms), int(allowed_lateness_ms),
-                            int(future_after_ms))
+    spec = (build_lookup_spec(spark, lookup).maxWaitMs(int(max_wait_ms)).eventMs("event_ms").late("late")
+            .asOf(lookup.as_of_column).allowedLatenessMs(int(allowed_lateness_ms))
+            .futureAfterMs(int(future_after_ms)))
+    joined = spark._jvm.statefulstreams.VersionedLookup.apply(with_roles(frame, lookup)._jdf, spec)
     # The operator emits each late version once (older than watermark - allowed lateness; it is
     # still stored): counted per batch here (event_clock.py records the count), then dropped.
-    late_version = (kind == lookup.changelog) & op.isin("upsert", "delete")
+    late_version = (F.col("kind") == lookup.changelog) & F.col("op").isin("upsert", "delete")
     return (DataFrame(joined, spark)
             .observe(f"{LATE_VERSIONS_PREFIX}{lookup.changelog}", F.count(F.when(late_version, 1)).alias("count"))
             .filter(~late_version))

@@ -1,8 +1,6 @@
 package statefulstreams;
 
 import java.util.ArrayList;
-import java.util.Arrays;
-import java.util.Comparator;
 import java.util.List;
 
 import org.apache.spark.sql.Dataset;
@@ -17,7 +15,6 @@ import org.apache.spark.sql.streaming.TTLConfig;
 import org.apache.spark.sql.streaming.TimeMode;
 import org.apache.spark.sql.streaming.TimerValues;
 import org.apache.spark.sql.streaming.ValueState;
-import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 
 import scala.jdk.javaapi.CollectionConverters;
@@ -27,8 +24,8 @@ import scala.jdk.javaapi.CollectionConverters;
  * that ask for it, making them wait (up to a bound) for a key that is not there yet.
  *
  * <p>It knows nothing of users or items. Python describes a lookup with column names
- * ({@link Columns}) and uses this class once per lookup. Every input row has a role, read from
- * the role column:
+ * ({@link LookupSpec}) and uses this class once per lookup. Every input row has a role
+ * ({@link LookupRole}), read from the role column:
  * <ul>
  *   <li>{@code set}: a changelog upsert; its state columns become the key's latest record;</li>
  *   <li>{@code delete}: a tombstone; the key's record is removed;</li>
@@ -47,8 +44,9 @@ import scala.jdk.javaapi.CollectionConverters;
  *       so the last change of the batch wins.</li>
  *   <li>When a change leaves a record, every row waiting for the key is released with it.</li>
  *   <li>A lookup row whose key has a record is emitted with the record and the found column set
- *       to {@code found}. Otherwise, while {@code now - firstSeen < maxWaitMs} it waits; after that
- *       (or at once when maxWaitMs is 0) it is emitted with null state and {@code missing}.</li>
+ *       to {@code found} ({@link LookupOutcome}). Otherwise, while
+ *       {@code now - firstSeen < maxWaitMs} it waits; after that (or at once when maxWaitMs is 0)
+ *       it is emitted with null state and {@code missing}.</li>
  *   <li>Every emitted lookup row has firstSeen set (to the batch time when it was null) and
  *       waited = now - firstSeen, so a second lookup continues the same clock.</li>
  * </ol>
@@ -59,40 +57,12 @@ import scala.jdk.javaapi.CollectionConverters;
 public final class ChangelogLookup extends StatefulProcessor<Long, Row, Row> {
   private static final long serialVersionUID = 1L;
 
-  /** Roles of input rows (the values of the role column). */
-  static final String SET = "set", DELETE = "delete", LOOKUP = "lookup";
-  /** Values written to the found column. */
-  static final String FOUND = "found", MISSING = "missing";
-
-  /** Column positions of one lookup in the row schema (shared by input, output and waiting rows). */
-  static final class Columns implements java.io.Serializable {
-    private static final long serialVersionUID = 1L;
-    final StructType schema;
-    final StructType stateSchema;
-    final int key, role, found, firstSeen, waited;
-    final int[] state, order;
-
-    Columns(StructType schema, String key, String role, String[] state, String found, String firstSeen,
-            String waited, String[] order) {
-      this.schema = schema;
-      this.key = schema.fieldIndex(key);
-      this.role = schema.fieldIndex(role);
-      this.found = schema.fieldIndex(found);
-      this.firstSeen = schema.fieldIndex(firstSeen);
-      this.waited = schema.fieldIndex(waited);
-      this.state = Arrays.stream(state).mapToInt(schema::fieldIndex).toArray();
-      this.order = Arrays.stream(order).mapToInt(schema::fieldIndex).toArray();
-      this.stateSchema = new StructType(Arrays.stream(this.state).mapToObj(i -> schema.fields()[i])
-          .toArray(StructField[]::new));
-    }
-  }
-
-  private final Columns columns;
+  private final LookupColumns columns;
   private final long maxWaitMs;
   private transient ValueState<Row> latest;
   private transient ListState<Row> waiting;
 
-  public ChangelogLookup(Columns columns, long maxWaitMs) {
+  ChangelogLookup(LookupColumns columns, long maxWaitMs) {
     this.columns = columns;
     this.maxWaitMs = maxWaitMs;
   }
@@ -100,15 +70,13 @@ public final class ChangelogLookup extends StatefulProcessor<Long, Row, Row> {
   /**
    * The lookup as a streaming Dataset: {@code input} grouped by the key column and run through
    * {@code transformWithState} in processing time, append mode. The output has the input's schema.
-   * Called on the driver, from Python through py4j; list arguments are comma-separated names.
+   * Called on the driver, from Python through py4j.
    */
-  public static Dataset<Row> apply(Dataset<Row> input, String key, String role, String state, String found,
-                                   String firstSeen, String waited, String order, long maxWaitMs) {
+  public static Dataset<Row> apply(Dataset<Row> input, LookupSpec spec) {
     StructType schema = input.schema();
-    Columns columns = new Columns(schema, key, role, state.split(","), found, firstSeen, waited,
-        order.split(","));
-    return KeyedByColumn.group(input, key, Encoders.LONG(), 0L)
-        .transformWithState(new ChangelogLookup(columns, maxWaitMs), TimeMode.ProcessingTime(),
+    LookupColumns columns = new LookupColumns(schema, spec);
+    return KeyedByColumn.group(input, spec.key, Encoders.LONG(), 0L)
+        .transformWithState(new ChangelogLookup(columns, spec.maxWaitMs), TimeMode.ProcessingTime(),
             OutputMode.Append(), Encoders.row(schema));
   }
 
@@ -122,23 +90,11 @@ public final class ChangelogLookup extends StatefulProcessor<Long, Row, Row> {
   public scala.collection.Iterator<Row> handleInputRows(Long key, scala.collection.Iterator<Row> rows,
                                                         TimerValues timerValues) {
     long now = timerValues.getCurrentProcessingTimeInMs();
-    List<Row> out = new ArrayList<>();
-    List<Row> changes = new ArrayList<>();
-    List<Row> lookups = new ArrayList<>();
-    while (rows.hasNext()) {
-      Row row = rows.next();
-      String role = row.isNullAt(columns.role) ? "" : row.getString(columns.role);
-      if (SET.equals(role) || DELETE.equals(role)) {
-        changes.add(row);
-      } else if (LOOKUP.equals(role)) {
-        lookups.add(row);
-      } else {
-        out.add(row);
-      }
-    }
+    Rows.Split split = Rows.split(rows, row -> columns.roleOf(row).part);
+    List<Row> out = split.passed;
     Row record = null;
-    if (!changes.isEmpty()) {
-      record = applyChanges(changes);
+    if (!split.changes.isEmpty()) {
+      record = applyChanges(split.changes);
       if (record != null && waiting.exists()) {
         Row arrived = record;
         CollectionConverters.asJava(waiting.get()).forEachRemaining(row -> out.add(complete(row, arrived, now)));
@@ -146,17 +102,17 @@ public final class ChangelogLookup extends StatefulProcessor<Long, Row, Row> {
         CollectionConverters.asJava(getHandle().listTimers()).forEachRemaining(
             expiry -> getHandle().deleteTimer((Long) expiry));
       }
-    } else if (!lookups.isEmpty() && latest.exists()) {
+    } else if (!split.lookups.isEmpty() && latest.exists()) {
       record = latest.get();
     }
-    for (Row row : lookups) {
+    for (Row row : split.lookups) {
       if (record != null) {
         out.add(complete(row, record, now));
         continue;
       }
-      long firstSeen = row.isNullAt(columns.firstSeen) ? now : row.getLong(columns.firstSeen);
+      long firstSeen = columns.firstSeen.isNull(row) ? now : columns.firstSeen.getLong(row);
       if (maxWaitMs > 0 && now - firstSeen < maxWaitMs) {
-        waiting.appendValue(withFirstSeen(row, firstSeen));
+        waiting.appendValue(Rows.with(row, columns.firstSeen, firstSeen, columns.schema));
         getHandle().registerTimer(firstSeen + maxWaitMs);
       } else {
         out.add(complete(row, null, now));
@@ -171,79 +127,42 @@ public final class ChangelogLookup extends StatefulProcessor<Long, Row, Row> {
     long now = timerValues.getCurrentProcessingTimeInMs();
     List<Row> out = new ArrayList<>();
     List<Row> kept = new ArrayList<>();
-    if (waiting.exists()) {
-      CollectionConverters.asJava(waiting.get()).forEachRemaining(row -> {
-        if (row.getLong(columns.firstSeen) + maxWaitMs <= now) {
-          out.add(complete(row, null, now));
-        } else {
-          kept.add(row);
-        }
-      });
+    for (Row row : Rows.load(waiting)) {
+      if (columns.firstSeen.getLong(row) + maxWaitMs <= now) {
+        out.add(complete(row, null, now));
+      } else {
+        kept.add(row);
+      }
     }
     if (!out.isEmpty()) {
-      if (kept.isEmpty()) {
-        waiting.clear();
-      } else {
-        waiting.put(kept.toArray(new Row[0]));
-      }
+      Rows.replace(waiting, kept);
     }
     return CollectionConverters.asScala(out.iterator());
   }
 
   /** Apply a key's changes of one batch in read order; the record they leave (null if deleted). */
   private Row applyChanges(List<Row> changes) {
-    changes.sort(readOrder());
+    changes.sort(Rows.readOrder(columns.order));
     Row last = changes.get(changes.size() - 1);
-    if (DELETE.equals(last.getString(columns.role))) {
+    if (columns.roleOf(last) == LookupRole.DELETE) {
       latest.clear();
       return null;
     }
-    Object[] values = new Object[columns.state.length];
-    for (int i = 0; i < values.length; i++) {
-      values[i] = last.get(columns.state[i]);
-    }
-    Row record = new GenericRowWithSchema(values, columns.stateSchema);
+    Row record = Rows.project(last, columns.state, columns.stateSchema);
     latest.update(record);
     return record;
   }
 
-  private Comparator<Row> readOrder() {
-    return (a, b) -> {
-      for (int i : columns.order) {
-        int c = Long.compare(a.isNullAt(i) ? Long.MIN_VALUE : ((Number) a.get(i)).longValue(),
-            b.isNullAt(i) ? Long.MIN_VALUE : ((Number) b.get(i)).longValue());
-        if (c != 0) {
-          return c;
-        }
-      }
-      return 0;
-    };
-  }
-
   /** The row decided: the record's state columns (nulls when missing), found, firstSeen and waited. */
   private Row complete(Row row, Row record, long now) {
-    Object[] values = values(row);
-    long firstSeen = row.isNullAt(columns.firstSeen) ? now : row.getLong(columns.firstSeen);
+    Object[] values = Rows.values(row);
+    long firstSeen = columns.firstSeen.isNull(row) ? now : columns.firstSeen.getLong(row);
     for (int i = 0; i < columns.state.length; i++) {
-      values[columns.state[i]] = record == null ? null : record.get(i);
+      columns.state[i].set(values, record == null ? null : record.get(i));
     }
-    values[columns.found] = record == null ? MISSING : FOUND;
-    values[columns.firstSeen] = firstSeen;
-    values[columns.waited] = now - firstSeen;
+    columns.found.set(values, (record == null ? LookupOutcome.MISSING : LookupOutcome.FOUND).value);
+    columns.firstSeen.set(values, firstSeen);
+    columns.waited.set(values, now - firstSeen);
     return new GenericRowWithSchema(values, columns.schema);
-  }
-
-  private Row withFirstSeen(Row row, long firstSeen) {
-    Object[] values = values(row);
-    values[columns.firstSeen] = firstSeen;
-    return new GenericRowWithSchema(values, columns.schema);
-  }
-
-  private static Object[] values(Row row) {
-    Object[] values = new Object[row.length()];
-    for (int i = 0; i < values.length; i++) {
-      values[i] = row.get(i);
-    }
-    return values;
   }
 }

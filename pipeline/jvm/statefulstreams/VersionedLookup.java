@@ -1,7 +1,6 @@
 package statefulstreams;
 
 import java.util.ArrayList;
-import java.util.Comparator;
 import java.util.List;
 import java.util.Objects;
 
@@ -21,6 +20,8 @@ import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 
 import scala.jdk.javaapi.CollectionConverters;
+
+import statefulstreams.Rows.Field;
 
 /**
  * The event-time twin of {@link ChangelogLookup}: keeps the versions of each key with their event
@@ -68,35 +69,47 @@ import scala.jdk.javaapi.CollectionConverters;
  */
 public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
   private static final long serialVersionUID = 1L;
-  static final String LATE = "late";
-  static final String FUTURE = "future";
   // The late column of an order: how its time stood when first judged.
   static final long ON_TIME_FLAG = 0L, LATE_FLAG = 1L, FUTURE_FLAG = 2L;
 
-  private final ChangelogLookup.Columns columns;
-  private final int eventMs, late, asOf;
-  private final StructType versionSchema;  // version_ms, the read order columns, tombstone, state columns
+  private final LookupColumns columns;
+  private final Field eventMs, late, asOf;
   private final long maxWaitMs, allowedLatenessMs, futureAfterMs;
+  // A version row: version_ms, the read order columns (read_0, ...), tombstone, the state columns.
+  private final StructType versionSchema;
+  private final Field versionMs, tombstone;
+  private final Field[] versionOrder;  // version_ms, then the read order columns
+  private final Field[] versionState;
+  private final Field[] versionIdentity;  // tombstone and state: what makes two versions of one time the same
   private transient ListState<Row> versions;
   private transient ListState<Row> waiting;
 
-  VersionedLookup(ChangelogLookup.Columns columns, String eventMs, String late, String asOf, long maxWaitMs,
-                  long allowedLatenessMs, long futureAfterMs) {
+  VersionedLookup(LookupColumns columns, LookupSpec spec) {
     this.columns = columns;
-    this.eventMs = columns.schema.fieldIndex(eventMs);
-    this.late = columns.schema.fieldIndex(late);
-    this.asOf = columns.schema.fieldIndex(asOf);
-    this.maxWaitMs = maxWaitMs;
-    this.allowedLatenessMs = allowedLatenessMs;
-    this.futureAfterMs = futureAfterMs;
+    this.eventMs = new Field(columns.schema, spec.eventMs);
+    this.late = new Field(columns.schema, spec.late);
+    this.asOf = new Field(columns.schema, spec.asOf);
+    this.maxWaitMs = spec.maxWaitMs;
+    this.allowedLatenessMs = spec.allowedLatenessMs;
+    this.futureAfterMs = spec.futureAfterMs;
     List<StructField> fields = new ArrayList<>();
+    List<String> order = new ArrayList<>();
     fields.add(DataTypes.createStructField("version_ms", DataTypes.LongType, false));
+    order.add("version_ms");
     for (int i = 0; i < columns.order.length; i++) {
       fields.add(DataTypes.createStructField("read_" + i, DataTypes.LongType, true));
+      order.add("read_" + i);
     }
     fields.add(DataTypes.createStructField("tombstone", DataTypes.BooleanType, false));
     fields.addAll(List.of(columns.stateSchema.fields()));
     this.versionSchema = DataTypes.createStructType(fields);
+    this.versionMs = new Field(versionSchema, "version_ms");
+    this.tombstone = new Field(versionSchema, "tombstone");
+    this.versionOrder = Field.all(versionSchema, order);
+    this.versionState = Field.all(versionSchema, List.of(columns.stateSchema.fieldNames()));
+    List<String> identity = new ArrayList<>(List.of("tombstone"));
+    identity.addAll(List.of(columns.stateSchema.fieldNames()));
+    this.versionIdentity = Field.all(versionSchema, identity);
   }
 
   /**
@@ -104,16 +117,12 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
    * grouped by the key column and run through {@code transformWithState} in event time, append
    * mode. The output has the input's schema. Called on the driver, from Python through py4j.
    */
-  public static Dataset<Row> apply(Dataset<Row> input, String key, String role, String state, String found,
-                                   String firstSeen, String waited, String order, String eventMs, String late,
-                                   String asOf, long maxWaitMs, long allowedLatenessMs, long futureAfterMs) {
+  public static Dataset<Row> apply(Dataset<Row> input, LookupSpec spec) {
     StructType schema = input.schema();
-    ChangelogLookup.Columns columns = new ChangelogLookup.Columns(schema, key, role, state.split(","), found,
-        firstSeen, waited, order.split(","));
-    return KeyedByColumn.group(input, key, Encoders.LONG(), 0L)
-        .transformWithState(new VersionedLookup(columns, eventMs, late, asOf, maxWaitMs, allowedLatenessMs,
-                futureAfterMs),
-            TimeMode.EventTime(), OutputMode.Append(), Encoders.row(schema));
+    LookupColumns columns = new LookupColumns(schema, spec);
+    return KeyedByColumn.group(input, spec.key, Encoders.LONG(), 0L)
+        .transformWithState(new VersionedLookup(columns, spec), TimeMode.EventTime(), OutputMode.Append(),
+            Encoders.row(schema));
   }
 
   @Override
@@ -126,43 +135,31 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
   public scala.collection.Iterator<Row> handleInputRows(Long key, scala.collection.Iterator<Row> rows,
                                                         TimerValues timerValues) {
     long watermark = Math.max(0L, timerValues.getCurrentWatermarkInMs());
-    List<Row> out = new ArrayList<>();
-    List<Row> history = load(versions);
+    List<Row> history = Rows.load(versions);
     int before = history.size();
-    List<Row> lookups = new ArrayList<>();
-    List<Row> changes = new ArrayList<>();
-    while (rows.hasNext()) {
-      Row row = rows.next();
-      String role = row.isNullAt(columns.role) ? "" : row.getString(columns.role);
-      if (ChangelogLookup.SET.equals(role) || ChangelogLookup.DELETE.equals(role)) {
-        changes.add(row);
-      } else if (ChangelogLookup.LOOKUP.equals(role)) {
-        lookups.add(row);
-      } else {
-        out.add(row);
-      }
-    }
-    changes.sort(readOrder());  // of one time and one record, the first read is the one kept
-    for (Row row : changes) {
-      Row version = version(row, ChangelogLookup.DELETE.equals(row.getString(columns.role)));
+    Rows.Split split = Rows.split(rows, row -> columns.roleOf(row).part);
+    List<Row> out = split.passed;
+    split.changes.sort(Rows.readOrder(columns.order));  // of one time and one record, the first read is the one kept
+    for (Row row : split.changes) {
+      Row version = version(row, columns.roleOf(row) == LookupRole.DELETE);
       if (holds(history, version)) {
         continue;  // a replay re-reads versions already held: one copy each
       }
       history.add(version);
-      if (version.getLong(0) < watermark - allowedLatenessMs) {
-        out.add(with(row, late, 1L));  // a late version: stored, and emitted once to be counted
+      if (versionMs.getLong(version) < watermark - allowedLatenessMs) {
+        out.add(Rows.with(row, late, 1L, columns.schema));  // a late version: stored, and emitted once to be counted
       }
     }
-    history.sort(versionOrder());
+    history.sort(Rows.readOrder(versionOrder));
     List<Row> waits = new ArrayList<>();
-    for (Row row : lookups) {
-      long time = row.getLong(eventMs);
-      long flag = row.isNullAt(late) ? flag(time, watermark) : row.getLong(late);
-      Row judged = with(row, late, flag);
+    for (Row row : split.lookups) {
+      long time = eventMs.getLong(row);
+      long flag = late.isNull(row) ? flag(time, watermark) : late.getLong(row);
+      Row judged = Rows.with(row, late, flag, columns.schema);
       if (flag == LATE_FLAG) {
-        out.add(decide(judged, null, LATE));
+        out.add(decide(judged, null, LookupOutcome.LATE));
       } else if (flag == FUTURE_FLAG) {
-        out.add(decide(judged, null, FUTURE));
+        out.add(decide(judged, null, LookupOutcome.FUTURE));
       } else if (!decideIfDue(judged, history, watermark, out)) {
         waits.add(judged);
       }
@@ -171,18 +168,9 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
     if (waiting.exists()) {
       // Orders already waiting may be due now that the key has new versions, and must be decided
       // before the history is pruned below (the model decides them in the same batch).
-      List<Row> kept = new ArrayList<>();
-      for (Row row : load(waiting)) {
-        if (!decideIfDue(row, history, watermark, out)) {
-          kept.add(row);
-        }
-      }
+      List<Row> kept = decideWaiting(history, watermark, out);
       kept.addAll(waits);
-      if (kept.isEmpty()) {
-        waiting.clear();
-      } else {
-        waiting.put(kept.toArray(new Row[0]));
-      }
+      Rows.replace(waiting, kept);
     } else {
       for (Row row : waits) {
         waiting.appendValue(row);
@@ -197,24 +185,26 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
                                                            ExpiredTimerInfo expiredTimerInfo) {
     long watermark = Math.max(0L, timerValues.getCurrentWatermarkInMs());
     List<Row> out = new ArrayList<>();
-    List<Row> history = load(versions);
-    history.sort(versionOrder());
+    List<Row> history = Rows.load(versions);
+    history.sort(Rows.readOrder(versionOrder));
     if (waiting.exists()) {
-      List<Row> kept = new ArrayList<>();
-      for (Row row : load(waiting)) {
-        if (!decideIfDue(row, history, watermark, out)) {
-          kept.add(row);
-        }
-      }
-      if (kept.isEmpty()) {
-        waiting.clear();
-      } else {
-        waiting.put(kept.toArray(new Row[0]));
-      }
+      List<Row> kept = decideWaiting(history, watermark, out);
+      Rows.replace(waiting, kept);
       registerTimers(kept, history, watermark);
     }
     finish(history, false, watermark);
     return CollectionConverters.asScala(out.iterator());
+  }
+
+  /** Decide the waiting orders that are due (adding them to {@code out}); the ones still waiting. */
+  private List<Row> decideWaiting(List<Row> history, long watermark, List<Row> out) {
+    List<Row> kept = new ArrayList<>();
+    for (Row row : Rows.load(waiting)) {
+      if (!decideIfDue(row, history, watermark, out)) {
+        kept.add(row);
+      }
+    }
+    return kept;
   }
 
   /** How an order's time stands at {@code watermark}: late, from the future, or neither. */
@@ -235,9 +225,9 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
    * order first judged at watermark 0 can turn out so here), or due; false if it must wait.
    */
   private boolean decideIfDue(Row row, List<Row> history, long watermark, List<Row> out) {
-    long time = row.getLong(eventMs);
+    long time = eventMs.getLong(row);
     if (isFuture(time, watermark)) {
-      out.add(decide(with(row, late, FUTURE_FLAG), null, FUTURE));
+      out.add(decide(Rows.with(row, late, FUTURE_FLAG, columns.schema), null, LookupOutcome.FUTURE));
       return true;
     }
     if (watermark <= time) {
@@ -252,8 +242,8 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
       return false;
     }
     for (Row v : history) {
-      long at = v.getLong(0);
-      if (at > time && at <= time + maxWaitMs && !isTombstone(v)) {
+      long at = versionMs.getLong(v);
+      if (at > time && at <= time + maxWaitMs && !tombstone.getBoolean(v)) {
         out.add(decide(row, v, null));
         return true;
       }
@@ -266,12 +256,12 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
   private Row currentAt(List<Row> history, long time) {
     Row current = null;
     for (Row v : history) {
-      if (v.getLong(0) > time) {
+      if (versionMs.getLong(v) > time) {
         break;
       }
       current = v;
     }
-    return current == null || isTombstone(current) ? null : current;
+    return current == null || tombstone.getBoolean(current) ? null : current;
   }
 
   /**
@@ -280,7 +270,7 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
    */
   private void registerTimers(List<Row> waits, List<Row> history, long watermark) {
     for (Row row : waits) {
-      long time = row.getLong(eventMs);
+      long time = eventMs.getLong(row);
       getHandle().registerTimer(watermark <= time ? time + 1 : time + maxWaitMs + 1);
     }
     if (watermark <= 0 && !waits.isEmpty()) {
@@ -292,50 +282,45 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
   private void finish(List<Row> history, boolean changed, long watermark) {
     long horizon = watermark - allowedLatenessMs - maxWaitMs;
     int older = 0;
-    while (older < history.size() && history.get(older).getLong(0) < horizon) {
+    while (older < history.size() && versionMs.getLong(history.get(older)) < horizon) {
       older++;
     }
     List<Row> kept = new ArrayList<>();
-    if (older > 0 && !isTombstone(history.get(older - 1))) {
+    if (older > 0 && !tombstone.getBoolean(history.get(older - 1))) {
       kept.add(history.get(older - 1));
     }
     kept.addAll(history.subList(older, history.size()));
     if (changed || kept.size() != history.size()) {
-      if (kept.isEmpty()) {
-        versions.clear();
-      } else {
-        versions.put(kept.toArray(new Row[0]));
-      }
+      Rows.replace(versions, kept);
     }
     if (kept.size() > 1) {  // when the watermark passes the newest version, the older ones can go
-      getHandle().registerTimer(kept.get(kept.size() - 1).getLong(0) + allowedLatenessMs + maxWaitMs + 1);
+      getHandle().registerTimer(versionMs.getLong(kept.get(kept.size() - 1)) + allowedLatenessMs + maxWaitMs + 1);
     }
   }
 
-  private Row version(Row row, boolean tombstone) {
+  /** The version a changelog row makes: its time, its read order, and its record (or a tombstone). */
+  private Row version(Row row, boolean isTombstone) {
     Object[] values = new Object[versionSchema.size()];
-    int i = 0;
-    values[i++] = row.getLong(eventMs);
-    for (int index : columns.order) {
-      values[i++] = row.isNullAt(index) ? null : ((Number) row.get(index)).longValue();
+    versionMs.set(values, eventMs.getLong(row));
+    for (int i = 0; i < columns.order.length; i++) {
+      versionOrder[1 + i].set(values, columns.order[i].asLong(row));
     }
-    values[i++] = tombstone;
-    for (int index : columns.state) {
-      values[i++] = tombstone ? null : row.get(index);
+    tombstone.set(values, isTombstone);
+    for (int i = 0; i < columns.state.length; i++) {
+      versionState[i].set(values, isTombstone ? null : columns.state[i].get(row));
     }
     return new GenericRowWithSchema(values, versionSchema);
   }
 
   /** Whether the history holds a version of the same time and the same record (or tombstone). */
   private boolean holds(List<Row> history, Row version) {
-    int first = 1 + columns.order.length;  // the tombstone flag, then the state columns
     for (Row held : history) {
-      if (held.getLong(0) != version.getLong(0)) {
+      if (versionMs.getLong(held) != versionMs.getLong(version)) {
         continue;
       }
       boolean same = true;
-      for (int i = first; i < versionSchema.size() && same; i++) {
-        same = Objects.equals(held.get(i), version.get(i));
+      for (int i = 0; i < versionIdentity.length && same; i++) {
+        same = Objects.equals(versionIdentity[i].get(held), versionIdentity[i].get(version));
       }
       if (same) {
         return true;
@@ -344,77 +329,26 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
     return false;
   }
 
-  private boolean isTombstone(Row version) {
-    return version.getBoolean(1 + columns.order.length);
-  }
-
-  /** Input rows by their read order columns. */
-  private Comparator<Row> readOrder() {
-    return (a, b) -> {
-      for (int index : columns.order) {
-        long x = a.isNullAt(index) ? Long.MIN_VALUE : ((Number) a.get(index)).longValue();
-        long y = b.isNullAt(index) ? Long.MIN_VALUE : ((Number) b.get(index)).longValue();
-        if (x != y) {
-          return Long.compare(x, y);
-        }
-      }
-      return 0;
-    };
-  }
-
-  /** Versions by time, then read order (the later read of one time wins). */
-  private Comparator<Row> versionOrder() {
-    return (a, b) -> {
-      for (int i = 0; i <= columns.order.length; i++) {
-        long x = a.isNullAt(i) ? Long.MIN_VALUE : a.getLong(i);
-        long y = b.isNullAt(i) ? Long.MIN_VALUE : b.getLong(i);
-        if (x != y) {
-          return Long.compare(x, y);
-        }
-      }
-      return 0;
-    };
-  }
-
-  /** The order decided: the version's state columns (nulls when none), as-of, found and waited. */
-  private Row decide(Row row, Row version, String found) {
-    Object[] values = values(row);
-    int offset = 2 + columns.order.length;  // the state columns' position in a version row
+  /**
+   * The order decided: the version's state columns (nulls when none), as-of, found and waited;
+   * {@code outcome} null for found or missing, as the version says.
+   */
+  private Row decide(Row row, Row version, LookupOutcome outcome) {
+    Object[] values = Rows.values(row);
     for (int i = 0; i < columns.state.length; i++) {
-      values[columns.state[i]] = version == null ? null : version.get(offset + i);
+      columns.state[i].set(values, version == null ? null : versionState[i].get(version));
     }
     long waited = 0L;
     if (version != null) {
-      waited = Math.max(0L, version.getLong(0) - row.getLong(eventMs));
-    } else if (found == null) {
+      waited = Math.max(0L, versionMs.getLong(version) - eventMs.getLong(row));
+    } else if (outcome == null) {
       waited = maxWaitMs;
     }
-    values[asOf] = version == null ? null : version.getLong(0);
-    values[columns.found] = found != null ? found : version == null ? ChangelogLookup.MISSING : ChangelogLookup.FOUND;
-    long before = row.isNullAt(columns.waited) ? 0L : row.getLong(columns.waited);
-    values[columns.waited] = Math.max(before, waited);
+    asOf.set(values, version == null ? null : versionMs.getLong(version));
+    LookupOutcome found = outcome != null ? outcome : version == null ? LookupOutcome.MISSING : LookupOutcome.FOUND;
+    columns.found.set(values, found.value);
+    long before = columns.waited.isNull(row) ? 0L : columns.waited.getLong(row);
+    columns.waited.set(values, Math.max(before, waited));
     return new GenericRowWithSchema(values, columns.schema);
-  }
-
-  private Row with(Row row, int index, Object value) {
-    Object[] values = values(row);
-    values[index] = value;
-    return new GenericRowWithSchema(values, columns.schema);
-  }
-
-  private static List<Row> load(ListState<Row> state) {
-    List<Row> rows = new ArrayList<>();
-    if (state.exists()) {
-      CollectionConverters.asJava(state.get()).forEachRemaining(rows::add);
-    }
-    return rows;
-  }
-
-  private static Object[] values(Row row) {
-    Object[] values = new Object[row.length()];
-    for (int i = 0; i < values.length; i++) {
-      values[i] = row.get(i);
-    }
-    return values;
   }
 }
