@@ -17,17 +17,21 @@ import org.apache.spark.sql.streaming.TimerValues;
 import org.apache.spark.sql.streaming.ValueState;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.Metadata;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 
 import scala.Tuple2;
 import scala.jdk.javaapi.CollectionConverters;
 
+import statefulstreams.Rows.Field;
+
 /**
  * A grouped aggregation over an upsert table that retracts: COUNT, SUM, MIN and MAX per group,
  * kept right when a row changes group or is deleted.
  *
- * <p>Its input is {@link UpsertJoin}'s output with {@code emitBefore}: per changed row, a
+ * <p>Python describes it with column names ({@link AggregateSpec}). Its input is
+ * {@link UpsertJoin}'s output with {@code emitBefore}: per changed row, a
  * {@code before} row (its old contribution, to retract) and/or an {@code after} row (its new
  * one), keyed here by the group-key column (the group's values, encoded by Python). The member
  * column holds the row's primary key.
@@ -55,100 +59,75 @@ import scala.jdk.javaapi.CollectionConverters;
 public final class GroupAggregate extends StatefulProcessor<String, Row, Row> {
   private static final long serialVersionUID = 1L;
 
-  static final String BEFORE = "before", AFTER = "after", UPSERT = "upsert", DELETE = "delete";
-
-  /** Column positions and the aggregates' specification. */
-  static final class Spec implements java.io.Serializable {
+  /** An {@link AggregateSpec}'s columns found in the row schema, and the member and output schemas. */
+  static final class Columns implements java.io.Serializable {
     private static final long serialVersionUID = 1L;
-    final int groupKey, member, op;
-    final int width; // the input's columns; the aggregates follow
-    final int[] groups;
-    final String[] functions;
-    final int[] inputs; // -1 for COUNT(*)
-    final int[] memberInputs; // an aggregate's position in the member row (-1 for COUNT(*))
+    final Field groupKey, member, op;
+    final Field[] groups;
+    final Aggregate[] functions;
+    final Field[] inputs;  // null for COUNT(*)
+    final Field[] memberInputs;  // an aggregate's input in the member row (null for COUNT(*))
+    final Field[] results;  // an aggregate's column in the output row
     final StructType memberSchema, outputSchema;
 
-    Spec(StructType schema, String groupKey, String member, String op, String[] groups, String[] aggregates) {
-      this.groupKey = schema.fieldIndex(groupKey);
-      this.member = schema.fieldIndex(member);
-      this.op = schema.fieldIndex(op);
-      this.groups = Arrays.stream(groups).mapToInt(schema::fieldIndex).toArray();
-      int n = aggregates.length;
-      functions = new String[n];
-      inputs = new int[n];
-      memberInputs = new int[n];
+    Columns(StructType schema, AggregateSpec spec) {
+      this.groupKey = new Field(schema, spec.groupKey);
+      this.member = new Field(schema, spec.member);
+      this.op = new Field(schema, spec.op);
+      this.groups = Field.all(schema, spec.groups);
+      int n = spec.functions.size();
+      functions = spec.functions.toArray(new Aggregate[0]);
+      inputs = new Field[n];
       List<StructField> memberFields = new ArrayList<>();
       List<StructField> outFields = new ArrayList<>(Arrays.asList(schema.fields()));
-      width = schema.length();
       for (int a = 0; a < n; a++) {
-        String[] parts = aggregates[a].split(":", -1); // function:input:output
-        functions[a] = parts[0].toUpperCase();
-        inputs[a] = parts[1].isEmpty() ? -1 : schema.fieldIndex(parts[1]);
-        DataType type = inputs[a] < 0 ? DataTypes.LongType : schema.fields()[inputs[a]].dataType();
-        if (inputs[a] >= 0) {
-          memberInputs[a] = memberFields.size();
-          memberFields.add(new StructField("in" + a, type, true, org.apache.spark.sql.types.Metadata.empty()));
-        } else {
-          memberInputs[a] = -1;
+        String input = spec.inputs.get(a);
+        inputs[a] = input == null || input.isEmpty() ? null : new Field(schema, input);
+        DataType type = inputs[a] == null ? DataTypes.LongType : schema.fields()[inputs[a].index].dataType();
+        if (inputs[a] != null) {
+          memberFields.add(new StructField("in" + a, type, true, Metadata.empty()));
         }
-        DataType outType;  // of the aggregate's output column
-        switch (functions[a]) {
-          case "COUNT":
-            outType = DataTypes.LongType;
-            break;
-          case "SUM":
-            outType = isWhole(type) ? DataTypes.LongType : DataTypes.DoubleType;
-            break;
-          case "MIN":
-          case "MAX":
-            outType = type;
-            break;
-          default:
-            throw new IllegalArgumentException("unsupported aggregate " + parts[0] + "; supported: COUNT, SUM, MIN, MAX");
-        }
-        outFields.add(new StructField(parts[2], outType, true, org.apache.spark.sql.types.Metadata.empty()));
+        outFields.add(new StructField(spec.outputs.get(a), functions[a].resultType(type), true, Metadata.empty()));
       }
       // A member row must not be empty for the state encoder: COUNT(*) alone keeps a marker.
       if (memberFields.isEmpty()) {
-        memberFields.add(new StructField("present", DataTypes.BooleanType, true,
-            org.apache.spark.sql.types.Metadata.empty()));
+        memberFields.add(new StructField("present", DataTypes.BooleanType, true, Metadata.empty()));
       }
       memberSchema = new StructType(memberFields.toArray(new StructField[0]));
       outputSchema = new StructType(outFields.toArray(new StructField[0]));
-    }
-
-    static boolean isWhole(DataType type) {
-      return type.equals(DataTypes.LongType) || type.equals(DataTypes.IntegerType)
-          || type.equals(DataTypes.ShortType) || type.equals(DataTypes.ByteType);
+      memberInputs = new Field[n];
+      results = new Field[n];
+      for (int a = 0; a < n; a++) {
+        memberInputs[a] = inputs[a] == null ? null : new Field(memberSchema, "in" + a);
+        results[a] = new Field(outputSchema, spec.outputs.get(a));
+      }
     }
   }
 
-  private final Spec spec;
+  private final Columns columns;
   private transient MapState<String, Row> members;
   private transient ValueState<Row> emitted;
 
-  public GroupAggregate(Spec spec) {
-    this.spec = spec;
+  GroupAggregate(Columns columns) {
+    this.columns = columns;
   }
 
   /**
    * The aggregation as a streaming Dataset, grouped by the (string) group-key column, append mode.
-   * Called on the driver, from Python through py4j: {@code groups} is comma-separated, and
-   * {@code aggregates} is a comma-separated list of {@code FUNCTION:input:output}.
+   * Called on the driver, from Python through py4j.
    */
-  public static Dataset<Row> apply(Dataset<Row> input, String groupKey, String member, String op, String groups,
-                                   String aggregates) {
-    Spec spec = new Spec(input.schema(), groupKey, member, op, groups.split(","), aggregates.split(","));
-    return KeyedByColumn.group(input, groupKey, Encoders.STRING(), "")
-        .transformWithState(new GroupAggregate(spec), TimeMode.None(), OutputMode.Append(),
-            Encoders.row(spec.outputSchema));
+  public static Dataset<Row> apply(Dataset<Row> input, AggregateSpec spec) {
+    Columns columns = new Columns(input.schema(), spec);
+    return KeyedByColumn.group(input, spec.groupKey, Encoders.STRING(), "")
+        .transformWithState(new GroupAggregate(columns), TimeMode.None(), OutputMode.Append(),
+            Encoders.row(columns.outputSchema));
   }
 
   @Override
   public void init(OutputMode outputMode, TimeMode timeMode) {
-    members = getHandle().getMapState("members", Encoders.STRING(), Encoders.row(spec.memberSchema),
+    members = getHandle().getMapState("members", Encoders.STRING(), Encoders.row(columns.memberSchema),
         TTLConfig.NONE());
-    emitted = getHandle().getValueState("emitted", Encoders.row(spec.outputSchema), TTLConfig.NONE());
+    emitted = getHandle().getValueState("emitted", Encoders.row(columns.outputSchema), TTLConfig.NONE());
   }
 
   @Override
@@ -159,30 +138,28 @@ public final class GroupAggregate extends StatefulProcessor<String, Row, Row> {
     Row sample = null;
     while (rows.hasNext()) {
       Row row = rows.next();
-      String op = row.isNullAt(spec.op) ? "" : row.getString(spec.op);
-      if (BEFORE.equals(op) || DELETE.equals(op)) {
-        members.removeKey(row.getString(spec.member));
+      ChangeOp op = ChangeOp.of(columns.op.getString(row));
+      if (op == ChangeOp.BEFORE || op == ChangeOp.DELETE) {
+        members.removeKey(columns.member.getString(row));
         sample = row;
-      } else if (AFTER.equals(op)) {
+      } else if (op == ChangeOp.AFTER) {
         added.add(row);
         sample = row;
       } else {
-        Object[] values = java.util.Arrays.copyOf(values(row), spec.outputSchema.length());
-        out.add(new GenericRowWithSchema(values, spec.outputSchema));
+        Object[] values = Arrays.copyOf(Rows.values(row), columns.outputSchema.length());
+        out.add(new GenericRowWithSchema(values, columns.outputSchema));
       }
     }
     if (sample == null) {
       return CollectionConverters.asScala(out.iterator());
     }
     for (Row row : added) {
-      members.updateValue(row.getString(spec.member), memberRow(row));
+      members.updateValue(columns.member.getString(row), memberRow(row));
     }
     Row last = emitted.exists() ? emitted.get() : null;
     if (!members.exists() || !members.iterator().hasNext()) {
       if (last != null) {
-        Object[] values = values(last);
-        values[spec.op] = DELETE;
-        out.add(new GenericRowWithSchema(values, spec.outputSchema));
+        out.add(Rows.with(last, columns.op, ChangeOp.DELETE.value, columns.outputSchema));
         emitted.clear();
       }
     } else {
@@ -197,21 +174,21 @@ public final class GroupAggregate extends StatefulProcessor<String, Row, Row> {
 
   private Row memberRow(Row row) {
     List<Object> values = new ArrayList<>();
-    for (int a = 0; a < spec.inputs.length; a++) {
-      if (spec.inputs[a] >= 0) {
-        values.add(row.get(spec.inputs[a]));
+    for (Field input : columns.inputs) {
+      if (input != null) {
+        values.add(input.get(row));
       }
     }
     if (values.isEmpty()) {
       values.add(Boolean.TRUE);
     }
-    return new GenericRowWithSchema(values.toArray(), spec.memberSchema);
+    return new GenericRowWithSchema(values.toArray(), columns.memberSchema);
   }
 
   /** The group's result row (op {@code upsert}) from its members; group values from {@code sample}. */
   @SuppressWarnings({"unchecked", "rawtypes"})
   private Row compute(Row sample) {
-    int n = spec.functions.length;
+    int n = columns.functions.length;
     long[] counts = new long[n];
     long[] longSums = new long[n];
     double[] doubleSums = new double[n];
@@ -220,25 +197,25 @@ public final class GroupAggregate extends StatefulProcessor<String, Row, Row> {
     while (it.hasNext()) {
       Row member = it.next()._2();
       for (int a = 0; a < n; a++) {
-        Object value = spec.memberInputs[a] < 0 ? Boolean.TRUE : member.get(spec.memberInputs[a]);
+        Object value = columns.memberInputs[a] == null ? Boolean.TRUE : columns.memberInputs[a].get(member);
         if (value == null) {
           continue;
         }
         counts[a]++;
-        switch (spec.functions[a]) {
-          case "SUM":
+        switch (columns.functions[a]) {
+          case SUM:
             if (value instanceof Double || value instanceof Float || value instanceof java.math.BigDecimal) {
               doubleSums[a] += ((Number) value).doubleValue();
             } else {
               longSums[a] += ((Number) value).longValue();
             }
             break;
-          case "MIN":
+          case MIN:
             if (extremes[a] == null || ((Comparable) value).compareTo(extremes[a]) < 0) {
               extremes[a] = value;
             }
             break;
-          case "MAX":
+          case MAX:
             if (extremes[a] == null || ((Comparable) value).compareTo(extremes[a]) > 0) {
               extremes[a] = value;
             }
@@ -248,35 +225,26 @@ public final class GroupAggregate extends StatefulProcessor<String, Row, Row> {
         }
       }
     }
-    int base = spec.width;
-    Object[] values = new Object[base + n];
-    for (int g : spec.groups) {
-      values[g] = sample.get(g);
+    Object[] values = new Object[columns.outputSchema.length()];
+    for (Field group : columns.groups) {
+      group.set(values, group.get(sample));
     }
     for (int a = 0; a < n; a++) {
       Object result;
-      switch (spec.functions[a]) {
-        case "COUNT":
+      switch (columns.functions[a]) {
+        case COUNT:
           result = counts[a];
           break;
-        case "SUM":
-          boolean whole = spec.outputSchema.fields()[base + a].dataType().equals(DataTypes.LongType);
+        case SUM:
+          boolean whole = columns.outputSchema.fields()[columns.results[a].index].dataType().equals(DataTypes.LongType);
           result = counts[a] == 0 ? null : whole ? (Object) longSums[a] : (Object) (doubleSums[a] + longSums[a]);
           break;
         default:
           result = extremes[a];
       }
-      values[base + a] = result;
+      columns.results[a].set(values, result);
     }
-    values[spec.op] = UPSERT;
-    return new GenericRowWithSchema(values, spec.outputSchema);
-  }
-
-  private static Object[] values(Row row) {
-    Object[] values = new Object[row.length()];
-    for (int i = 0; i < values.length; i++) {
-      values[i] = row.get(i);
-    }
-    return values;
+    columns.op.set(values, ChangeOp.UPSERT.value);
+    return new GenericRowWithSchema(values, columns.outputSchema);
   }
 }

@@ -1,8 +1,6 @@
 package statefulstreams;
 
 import java.util.ArrayList;
-import java.util.Arrays;
-import java.util.Comparator;
 import java.util.List;
 
 import org.apache.spark.sql.Dataset;
@@ -15,19 +13,21 @@ import org.apache.spark.sql.streaming.TTLConfig;
 import org.apache.spark.sql.streaming.TimeMode;
 import org.apache.spark.sql.streaming.TimerValues;
 import org.apache.spark.sql.streaming.ValueState;
-import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 
 import scala.jdk.javaapi.CollectionConverters;
+
+import statefulstreams.Rows.Field;
 
 /**
  * Upsert tables over changelog topics, left-joined on one key: keeps the latest row of every
  * side per key and emits the joined row whenever a side changes.
  *
  * <p>It knows nothing of the tables. Python (pipeline/sql/) describes the sides with column
- * names. Every input row is one change of one side: the side column holds the side's index
- * (0 is the driving, left-most table), the op column holds {@code upsert} or {@code delete} (an
- * empty payload), and the side's value columns hold the new row (other sides' columns are null).
+ * names ({@link JoinSpec}). Every input row is one change of one side: the side column holds the
+ * side's index (0 is the driving, left-most table), the op column ({@link ChangeOp}) holds
+ * {@code upsert} or {@code delete} (an empty payload), and the side's value columns hold the new
+ * row (other sides' columns are null).
  *
  * <p>State per key, in the RocksDB state store: one ValueState per side ({@code side0},
  * {@code side1}, …) with that side's value columns.
@@ -52,30 +52,26 @@ import scala.jdk.javaapi.CollectionConverters;
 public final class UpsertJoin extends StatefulProcessor<String, Row, Row> {
   private static final long serialVersionUID = 1L;
 
-  static final String UPSERT = "upsert", DELETE = "delete", BEFORE = "before", AFTER = "after";
-
-  /** Column positions of the sides in the row schema (shared by input and output rows). */
+  /** A {@link JoinSpec}'s columns found in the row schema (shared by input and output rows). */
   static final class Columns implements java.io.Serializable {
     private static final long serialVersionUID = 1L;
     final StructType schema;
-    final int key, side, op;
-    final int[][] values;
+    final Field key, side, op;
+    final Field[][] values;  // per side
     final StructType[] sideSchemas;
-    final int[] order;
+    final Field[] order;
 
-    Columns(StructType schema, String key, String side, String op, String[][] values, String[] order) {
+    Columns(StructType schema, JoinSpec spec) {
       this.schema = schema;
-      this.key = schema.fieldIndex(key);
-      this.side = schema.fieldIndex(side);
-      this.op = schema.fieldIndex(op);
-      this.values = new int[values.length][];
+      this.key = new Field(schema, spec.key);
+      this.side = new Field(schema, spec.side);
+      this.op = new Field(schema, spec.op);
+      this.values = spec.sides.stream().map(columns -> Field.all(schema, columns)).toArray(Field[][]::new);
       this.sideSchemas = new StructType[values.length];
       for (int s = 0; s < values.length; s++) {
-        this.values[s] = Arrays.stream(values[s]).mapToInt(schema::fieldIndex).toArray();
-        this.sideSchemas[s] = new StructType(Arrays.stream(this.values[s]).mapToObj(i -> schema.fields()[i])
-            .toArray(StructField[]::new));
+        this.sideSchemas[s] = Rows.schemaOf(schema, values[s]);
       }
-      this.order = Arrays.stream(order).mapToInt(schema::fieldIndex).toArray();
+      this.order = Field.all(schema, spec.readOrder);
     }
   }
 
@@ -83,7 +79,7 @@ public final class UpsertJoin extends StatefulProcessor<String, Row, Row> {
   private final boolean emitBefore;
   private transient List<ValueState<Row>> sides;
 
-  public UpsertJoin(Columns columns, boolean emitBefore) {
+  UpsertJoin(Columns columns, boolean emitBefore) {
     this.columns = columns;
     this.emitBefore = emitBefore;
   }
@@ -91,19 +87,12 @@ public final class UpsertJoin extends StatefulProcessor<String, Row, Row> {
   /**
    * The operator as a streaming Dataset: {@code input} grouped by the (string) key column and run
    * through {@code transformWithState}, append mode; the output has the input's schema. Called on
-   * the driver, from Python through py4j. {@code sides} lists each side's value columns, sides
-   * separated by ';' and columns by ','; {@code order} is comma-separated.
+   * the driver, from Python through py4j.
    */
-  public static Dataset<Row> apply(Dataset<Row> input, String key, String side, String op, String sides,
-                                   String order, boolean emitBefore) {
-    String[] parts = sides.split(";", -1);
-    String[][] values = new String[parts.length][];
-    for (int s = 0; s < parts.length; s++) {
-      values[s] = parts[s].isEmpty() ? new String[0] : parts[s].split(",");
-    }
-    Columns columns = new Columns(input.schema(), key, side, op, values, order.split(","));
-    return KeyedByColumn.group(input, key, Encoders.STRING(), "")
-        .transformWithState(new UpsertJoin(columns, emitBefore), TimeMode.None(), OutputMode.Append(),
+  public static Dataset<Row> apply(Dataset<Row> input, JoinSpec spec) {
+    Columns columns = new Columns(input.schema(), spec);
+    return KeyedByColumn.group(input, spec.key, Encoders.STRING(), "")
+        .transformWithState(new UpsertJoin(columns, spec.emitBefore), TimeMode.None(), OutputMode.Append(),
             Encoders.row(columns.schema));
   }
 
@@ -118,21 +107,13 @@ public final class UpsertJoin extends StatefulProcessor<String, Row, Row> {
   @Override
   public scala.collection.Iterator<Row> handleInputRows(String key, scala.collection.Iterator<Row> rows,
                                                         TimerValues timerValues) {
-    List<Row> changes = new ArrayList<>();
-    List<Row> out = new ArrayList<>();
-    while (rows.hasNext()) {
-      Row row = rows.next();
-      String op = row.isNullAt(columns.op) ? "" : row.getString(columns.op);
-      if (UPSERT.equals(op) || DELETE.equals(op)) {
-        changes.add(row);
-      } else {
-        out.add(row);
-      }
-    }
+    Rows.Split split = Rows.split(rows, row -> isChange(opOf(row)) ? Rows.Part.CHANGE : Rows.Part.PASS);
+    List<Row> changes = split.changes;
+    List<Row> out = split.passed;
     if (changes.isEmpty()) {
       return CollectionConverters.asScala(out.iterator());
     }
-    changes.sort(readOrder());
+    changes.sort(Rows.readOrder(columns.order));
     int count = sides.size();
     Row[] before = new Row[count];
     Row[] after = new Row[count];
@@ -142,9 +123,9 @@ public final class UpsertJoin extends StatefulProcessor<String, Row, Row> {
     }
     boolean[] touched = new boolean[count];
     for (Row change : changes) {
-      int s = ((Number) change.get(columns.side)).intValue();
+      int s = ((Number) columns.side.get(change)).intValue();
       touched[s] = true;
-      after[s] = DELETE.equals(change.getString(columns.op)) ? null : project(change, columns.values[s],
+      after[s] = opOf(change) == ChangeOp.DELETE ? null : Rows.project(change, columns.values[s],
           columns.sideSchemas[s]);
     }
     for (int s = 0; s < count; s++) {
@@ -158,50 +139,37 @@ public final class UpsertJoin extends StatefulProcessor<String, Row, Row> {
       }
     }
     if (before[0] != null && emitBefore) {
-      out.add(joined(key, before, BEFORE));
+      out.add(joined(key, before, ChangeOp.BEFORE));
     }
     if (after[0] != null) {
-      out.add(joined(key, after, AFTER));
+      out.add(joined(key, after, ChangeOp.AFTER));
     } else if (before[0] != null) {
-      out.add(joined(key, new Row[count], DELETE));
+      out.add(joined(key, new Row[count], ChangeOp.DELETE));
     }
     return CollectionConverters.asScala(out.iterator());
   }
 
-  private static Row project(Row row, int[] indexes, StructType schema) {
-    Object[] values = new Object[indexes.length];
-    for (int i = 0; i < indexes.length; i++) {
-      values[i] = row.get(indexes[i]);
-    }
-    return new GenericRowWithSchema(values, schema);
+  private ChangeOp opOf(Row row) {
+    return ChangeOp.of(columns.op.getString(row));
+  }
+
+  private static boolean isChange(ChangeOp op) {
+    return op == ChangeOp.UPSERT || op == ChangeOp.DELETE;
   }
 
   /** One output row: the key, the op, and each side's values (nulls for a missing side). */
-  private Row joined(String key, Row[] sideRows, String op) {
+  private Row joined(String key, Row[] sideRows, ChangeOp op) {
     Object[] values = new Object[columns.schema.length()];
-    values[columns.key] = key;
-    values[columns.op] = op;
+    columns.key.set(values, key);
+    columns.op.set(values, op.value);
     for (int s = 0; s < sideRows.length; s++) {
       if (sideRows[s] == null) {
         continue;
       }
       for (int i = 0; i < columns.values[s].length; i++) {
-        values[columns.values[s][i]] = sideRows[s].get(i);
+        columns.values[s][i].set(values, sideRows[s].get(i));
       }
     }
     return new GenericRowWithSchema(values, columns.schema);
-  }
-
-  private Comparator<Row> readOrder() {
-    return (a, b) -> {
-      for (int i : columns.order) {
-        int c = Long.compare(a.isNullAt(i) ? Long.MIN_VALUE : ((Number) a.get(i)).longValue(),
-            b.isNullAt(i) ? Long.MIN_VALUE : ((Number) b.get(i)).longValue());
-        if (c != 0) {
-          return c;
-        }
-      }
-      return 0;
-    };
   }
 }
