@@ -74,7 +74,7 @@ test: setup apache-pulsar
 
 # The fast tier: pure rules and maths, no broker, no Spark.
 test-fast: $(STAMP)
-	$(PY) -m pytest -q tests/test_rules.py tests/test_config.py tests/test_offsets.py tests/test_console_math.py
+	$(PY) -m pytest -q -m "not e2e and not services and not browser and not apache"
 
 # The Flink peer of bench/bench_flink.py (bench/peers/flink/): one shaded jar built by Maven from
 # Maven Central (cached in ~/.m2), rebuilt when its sources change; only `make bench` builds it.
