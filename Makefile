@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 # rule's prerequisites as it reads the rule).
 LOOKUP_SRC := $(wildcard pipeline/jvm/statefulstreams/*.java)
 LOOKUP_JAR := pipeline/jvm/build/changelog-lookup.jar
-# The driver JVM's class-data archive (pipeline/class_archive.py), built by one run of the job;
+# The driver JVM's class-data archive (pipeline/runtime/class_archive.py), built by one run of the job;
 # the stamp records the attempt, so a failed one is not retried on every make.
 CLASS_ARCHIVE := pipeline/jvm/build/spark-classes.stamp
 
@@ -40,8 +40,8 @@ $(LOOKUP_JAR): $(LOOKUP_SRC) $(STAMP)
 
 # Spark's classes archived for a faster driver start; rebuilt when the jar or the venv changes.
 # A failed training run prints one note and leaves Spark to start without it.
-$(CLASS_ARCHIVE): $(LOOKUP_JAR) $(STAMP) pipeline/class_archive.py
-	@$(PY) -m pipeline.class_archive; touch $@
+$(CLASS_ARCHIVE): $(LOOKUP_JAR) $(STAMP) pipeline/runtime/class_archive.py
+	@$(PY) -m pipeline.runtime.class_archive; touch $@
 
 # Spark needs a JRE; the UI smoke test needs Debian's chromium; the exporter's test scrapes with
 # Debian's prometheus (the tests start their own on loopback, so the service the package would
@@ -67,7 +67,7 @@ demo: setup
 apache-pulsar: $(STAMP)
 	@command -v mvn >/dev/null || { echo "installing Maven to fetch Apache Pulsar"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq maven >/dev/null; }
-	@$(PY) -m pipeline.apache_broker fetch >/dev/null
+	@$(PY) -m pipeline.feed.apache_broker fetch >/dev/null
 
 test: setup apache-pulsar
 	$(PY) -m pytest -q

@@ -6,7 +6,7 @@ to cap a batch in entries, and an unbatched backlog drained at about 350 orders/
 the cap in messages (``job.max_rows_per_batch``, ``job.max_bytes_per_batch``) on both:
 
 1. one embedded broker is loaded, before any job runs, with the same generated users, items and
-   orders (pipeline/datagen.py) twice: on one set of topics with ``client.create_producer(topic)``
+   orders (pipeline/feed/datagen.py) twice: on one set of topics with ``client.create_producer(topic)``
    and no batching arguments (``send_async``, ``block_if_queue_full``), on another batched as
    bench_throughput.py publishes; the publishing is timed;
 2. the job (``python -m pipeline run`` in its own process, ``local[2]``, ``enrichment.max_wait``
@@ -44,9 +44,9 @@ from bench.bench_throughput import count_lines, job_figures, load_topics  # noqa
 from bench.common import (BenchError, alive, bench_topics, load_average, machine, now_utc, ratio,  # noqa: E402
                           start_job, wait_until, write_result)
 from pipeline import store  # noqa: E402
-from pipeline.broker import EmbeddedBroker  # noqa: E402
+from pipeline.feed.broker import EmbeddedBroker  # noqa: E402
 from pipeline.config import load_settings  # noqa: E402
-from pipeline.datagen import generate  # noqa: E402
+from pipeline.feed.datagen import generate  # noqa: E402
 from pipeline.metrics import read_rows  # noqa: E402
 from pipeline.wire import CHANGELOGS  # noqa: E402
 
@@ -200,7 +200,7 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--orders", type=int, default=1_000_000)
     parser.add_argument("--users", type=int, default=200_000,
-                        help="users generated (pipeline/datagen.py: about 1.36 messages each, their versions)")
+                        help="users generated (pipeline/feed/datagen.py: about 1.36 messages each, their versions)")
     parser.add_argument("--items", type=int, default=2_000)
     parser.add_argument("--timeout", type=float, default=600,
                         help="seconds each drain may take; past it the figures say how far it got")

@@ -35,7 +35,7 @@ sys.path[:0] = [str(ROOT)]
 from bench.common import (BenchError, alive, bench_topics, machine, now_utc, percentile, start_job,  # noqa: E402
                           wait_until, write_result)
 from pipeline import store, wire  # noqa: E402
-from pipeline.broker import EmbeddedBroker  # noqa: E402
+from pipeline.feed.broker import EmbeddedBroker  # noqa: E402
 from pipeline.config import load_settings  # noqa: E402
 from pipeline.metrics import read_rows  # noqa: E402
 from factories import item, order, user  # noqa: E402  (tests/ is on the path through bench.common)

@@ -2,8 +2,8 @@
 same Apache Pulsar broker: orders/s with 1M users in state, p99 latency at 5,000 orders/s,
 kill -9 to the first result after the restart, and memory (RSS).
 
-One Apache Pulsar 3.0.7 standalone (pipeline/apache_broker.py, `make apache-pulsar`) holds the
-generated users and items (pipeline/datagen.py); both engines read the same three topics, the
+One Apache Pulsar 3.0.7 standalone (pipeline/feed/apache_broker.py, `make apache-pulsar`) holds the
+generated users and items (pipeline/feed/datagen.py); both engines read the same three topics, the
 Flink peer through Flink's own Pulsar connector (4.1.0-1.18). Each engine runs alone while it
 is measured (2 cores): our job as ``python -m pipeline run`` (local[2]), the peer as
 ``java -jar`` of its shaded jar (a MiniCluster, parallelism 2, heap 1 GB, 256 MB managed
@@ -64,13 +64,13 @@ sys.path[:0] = [str(ROOT)]
 from bench.common import (BenchError, alive, bench_topics, guard, iter_records, job_memory, load_average,  # noqa: E402
                           machine, now_utc, percentile, ratio, rss_bytes, start_job, wait_until, write_result)
 from pipeline import store  # noqa: E402
-from pipeline.broker import die_with_parent, find_free_port  # noqa: E402
+from pipeline.feed.broker import die_with_parent, find_free_port  # noqa: E402
 from pipeline.config import load_settings  # noqa: E402
-from pipeline.datagen import generate  # noqa: E402
+from pipeline.feed.datagen import generate  # noqa: E402
 from pipeline.metrics import read_rows  # noqa: E402
-from pipeline.producers import publish_records  # noqa: E402
+from pipeline.feed.producers import publish_records  # noqa: E402
 from pipeline.sinks import last_committed_batch  # noqa: E402
-from pipeline.topics import make_client  # noqa: E402
+from pipeline.feed.topics import make_client  # noqa: E402
 
 NAME = "flink"
 PEER_DIR = ROOT / "bench" / "peers" / "flink"
@@ -558,7 +558,7 @@ def main(argv=None) -> dict:
                              "found, and a wait would put max_wait into the decision span)")
     parser.add_argument("--no-profile", dest="profile", action="store_false", help="no JFR recording of the peer")
     args = parser.parse_args(argv)
-    from pipeline.apache_broker import PULSAR_VERSION, ApacheBroker, fetch_jars
+    from pipeline.feed.apache_broker import PULSAR_VERSION, ApacheBroker, fetch_jars
     from pipeline.config import parse_duration
 
     began = time.perf_counter()

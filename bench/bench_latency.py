@@ -1,9 +1,9 @@
 """Latency: publish time to sink visibility, p50 and p99, at a steady 2k, 5k and 10k orders/s.
 
-One embedded broker holds generated users and items (pipeline/datagen.py); the real job runs
+One embedded broker holds generated users and items (pipeline/feed/datagen.py); the real job runs
 as a process (``python -m pipeline run``, local[2], default settings) and loads them. Then, for
 each rate in turn, orders are published at that steady rate for ``--seconds`` with
-``pipeline.producers.publish_records`` (its token bucket), and:
+``pipeline.feed.producers.publish_records`` (its token bucket), and:
 
 - a **watcher** thread polls the Delta tables ``sinks/enriched`` and ``sinks/missing_state``
   every 20 ms and records when each batch's rows first appear in the table's current files: the
@@ -54,12 +54,12 @@ sys.path[:0] = [str(ROOT)]
 from bench.common import (BenchError, alive, bench_topics, guard, iter_records, machine, now_utc,  # noqa: E402
                           percentile, ratio, start_job, table_records, wait_until, write_result)
 from pipeline import store  # noqa: E402
-from pipeline.broker import EmbeddedBroker  # noqa: E402
+from pipeline.feed.broker import EmbeddedBroker  # noqa: E402
 from pipeline.config import load_settings  # noqa: E402
-from pipeline.datagen import generate  # noqa: E402
+from pipeline.feed.datagen import generate  # noqa: E402
 from pipeline.metrics import read_rows  # noqa: E402
-from pipeline.producers import publish_records  # noqa: E402
-from pipeline.topics import make_client  # noqa: E402
+from pipeline.feed.producers import publish_records  # noqa: E402
+from pipeline.feed.topics import make_client  # noqa: E402
 
 NAME = "latency"
 POLL_S = 0.02

@@ -39,12 +39,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
 from bench.common import bench_topics, machine, now_utc, table_records, write_result  # noqa: E402
-from pipeline.broker import EmbeddedBroker  # noqa: E402
-from pipeline.datagen import generate  # noqa: E402
-from pipeline.producers import publish_records  # noqa: E402
+from pipeline.feed.broker import EmbeddedBroker  # noqa: E402
+from pipeline.feed.datagen import generate  # noqa: E402
+from pipeline.feed.producers import publish_records  # noqa: E402
 from pipeline.source import reader as rd  # noqa: E402
 from pipeline.source.offsets import EARLIEST, Range  # noqa: E402
-from pipeline.topics import make_client  # noqa: E402
+from pipeline.feed.topics import make_client  # noqa: E402
 
 NAME = "reader_stalls"
 QUEUES = (5000, 1000)

@@ -1,7 +1,7 @@
 """Recovery: kill -9 to the first committed batch after a restart, and savepoint restore to its
 first batch, with every order checked for zero loss and zero duplicates.
 
-One embedded broker holds a small generated workload (pipeline/datagen.py) published up
+One embedded broker holds a small generated workload (pipeline/feed/datagen.py) published up
 front; the job runs as a real process (``python -m pipeline run``, local[2]). ``--max-rows``
 bounds the broker entries in a batch (1 by default: the producer batches hundreds of messages
 into an entry), so the workload takes many batches, the kill meets a batch in flight that
@@ -43,12 +43,12 @@ sys.path[:0] = [str(ROOT)]
 from bench.common import (BenchError, alive, bench_topics, machine, now_utc, ratio, start_job,  # noqa: E402
                           table_records, wait_until, write_result)
 from pipeline import control, store  # noqa: E402
-from pipeline.broker import EmbeddedBroker  # noqa: E402
+from pipeline.feed.broker import EmbeddedBroker  # noqa: E402
 from pipeline.config import load_settings  # noqa: E402
-from pipeline.datagen import generate  # noqa: E402
-from pipeline.producers import publish_records  # noqa: E402
+from pipeline.feed.datagen import generate  # noqa: E402
+from pipeline.feed.producers import publish_records  # noqa: E402
 from pipeline.sinks import last_committed_batch  # noqa: E402
-from pipeline.topics import make_client  # noqa: E402
+from pipeline.feed.topics import make_client  # noqa: E402
 
 NAME = "recovery"
 POLL_S = 0.02

@@ -118,9 +118,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--skip", action="append", choices=["count", "join"], default=[],
                         help="leave a pipeline out (repeatable)")
     args = parser.parse_args(argv)
-    from pipeline.broker import EmbeddedBroker
+    from pipeline.feed.broker import EmbeddedBroker
     from pipeline.config import load_settings
-    from pipeline.spark import build_spark
+    from pipeline.runtime.spark import build_spark
 
     work = Path(tempfile.mkdtemp(prefix="bench-sql-"))
     figures: dict = {"when": now_utc(), "machine": machine(), "keys": args.keys, "max_rows_per_batch": args.max_rows}

@@ -12,7 +12,7 @@ small workload already on an embedded broker, and splits the time into:
 
 Baselines, in the same run: a bare PySpark process that starts a local SparkSession with the
 same master and runs one tiny job (what any PySpark program pays before its own work), and the
-same cold start without the driver's class archive (pipeline/class_archive.py; the file is
+same cold start without the driver's class archive (pipeline/runtime/class_archive.py; the file is
 moved aside for those runs). Prints a table and writes ``bench/results/startup.json``.
 
     python -m bench.bench_startup               # 2 cold starts
@@ -34,8 +34,8 @@ sys.path[:0] = [str(ROOT)]
 from bench.common import (BenchError, alive, bench_topics, machine, now_utc, start_job, wait_until,  # noqa: E402
                           write_result)
 from pipeline import store  # noqa: E402
-from pipeline.broker import EmbeddedBroker  # noqa: E402
-from pipeline.class_archive import ARCHIVE  # noqa: E402
+from pipeline.feed.broker import EmbeddedBroker  # noqa: E402
+from pipeline.runtime.class_archive import ARCHIVE  # noqa: E402
 from pipeline.config import load_settings  # noqa: E402
 from pipeline.metrics import read_events, read_rows  # noqa: E402
 from factories import item, keyed, order, publish, user  # noqa: E402

@@ -5,7 +5,7 @@ items are published first and the job started on them: its memory then, with no 
 state, is the baseline. Then, for each step (up to 1M users, up to 5M, up to 10M):
 
 1. **load**: the step's users (datagen's first versions, ids ascending) are published with
-   ``pipeline.producers.publish_records`` while the job reads them. Users per second run from
+   ``pipeline.feed.producers.publish_records`` while the job reads them. Users per second run from
    the first batch that read users to the end of the last one (the job's progress rows); when
    the job keeps up with the publisher, that is the publisher's rate (``publish_msgs_per_s``);
 2. **enrich**: the job is stopped (SIGTERM), ``--orders`` orders are published, each for a
@@ -55,13 +55,13 @@ sys.path[:0] = [str(ROOT)]
 from bench.common import (BenchError, alive, available_memory_mb, bench_topics, directory_bytes, iter_records, job_memory,  # noqa: E402
                           machine, now_utc, ratio, start_job, table_records, wait_until, write_result)
 from pipeline import store, wire  # noqa: E402
-from pipeline.broker import EmbeddedBroker  # noqa: E402
+from pipeline.feed.broker import EmbeddedBroker  # noqa: E402
 from pipeline.config import load_settings  # noqa: E402
-from pipeline.datagen import LATE_SHARE, Table, generate  # noqa: E402
+from pipeline.feed.datagen import LATE_SHARE, Table, generate  # noqa: E402
 from pipeline.metrics import read_rows  # noqa: E402
-from pipeline.producers import publish_records  # noqa: E402
+from pipeline.feed.producers import publish_records  # noqa: E402
 from pipeline.sinks import last_committed_batch  # noqa: E402
-from pipeline.topics import make_client  # noqa: E402
+from pipeline.feed.topics import make_client  # noqa: E402
 
 NAME = "state"
 SAMPLE_EVERY_S = 0.5
@@ -289,7 +289,7 @@ def measure_step(run: JobRun, settings, work: Path, cleanup: ExitStack, client, 
 def spark_state_store_conf() -> dict:
     """The state store and memory settings the job ran with, so the figures say which
     configuration they were measured with."""
-    from pipeline.spark import STATE_STORE_CONF
+    from pipeline.runtime.spark import STATE_STORE_CONF
 
     # the job runs with the default (tests/jobproc.py passes no SS_ variable on)
     return {**STATE_STORE_CONF, "spark.driver.memory": load_settings(env={})["spark.driver_memory"]}

@@ -7,7 +7,7 @@ orders wait in state):
 
 - **per click**: ``python -m pipeline state users K items K --json`` as a process, wall time,
   ``--runs`` times (what the console did);
-- **one worker**: pipeline/state_service.py's ``StateLookupService`` (``python -m pipeline state
+- **one worker**: pipeline/control/state_service.py's ``StateLookupService`` (``python -m pipeline state
   --serve``): the first look-up (it starts the worker) and ``--lookups`` more on the same worker,
   with the worker's process-tree RSS (what keeping it costs);
 - **no JVM**: what a reader of the state store's own files would have to decode: the files of each
@@ -38,12 +38,12 @@ sys.path[:0] = [str(ROOT)]
 from bench.common import (alive, bench_topics, job_memory, machine, now_utc, start_job, wait_until,  # noqa: E402
                           write_result)
 from pipeline import store  # noqa: E402
-from pipeline.broker import EmbeddedBroker  # noqa: E402
+from pipeline.feed.broker import EmbeddedBroker  # noqa: E402
 from pipeline.config import load_settings  # noqa: E402
 from pipeline.console import PROJECT_ROOT, settings_environment  # noqa: E402
 from pipeline.metrics import read_rows  # noqa: E402
 from pipeline.sinks import last_committed_batch  # noqa: E402
-from pipeline.state_service import StateLookupService  # noqa: E402
+from pipeline.control.state_service import StateLookupService  # noqa: E402
 from factories import item, keyed, order, publish, user  # noqa: E402
 
 import os  # noqa: E402

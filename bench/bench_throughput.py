@@ -1,6 +1,6 @@
 """Throughput: sustained orders/s end to end, beside two baselines measured in the same run.
 
-One embedded broker is loaded with generated users, items and orders (pipeline/datagen.py).
+One embedded broker is loaded with generated users, items and orders (pipeline/feed/datagen.py).
 Then, on the same machine and the same data:
 
 - **python**: a plain pulsar-client consumer that reads the changelogs into dicts and enriches
@@ -44,12 +44,12 @@ sys.path[:0] = [str(ROOT)]
 
 from bench.common import BenchError, guard, table_records  # noqa: E402  (also puts tests/ on sys.path)
 from pipeline import wire  # noqa: E402
-from pipeline.broker import EmbeddedBroker  # noqa: E402
+from pipeline.feed.broker import EmbeddedBroker  # noqa: E402
 from pipeline.config import KEYS_BY_NAME, load_settings  # noqa: E402
-from pipeline.datagen import generate  # noqa: E402
+from pipeline.feed.datagen import generate  # noqa: E402
 from pipeline.metrics import read_rows  # noqa: E402
-from pipeline.producers import publish_records  # noqa: E402
-from pipeline.topics import make_client  # noqa: E402
+from pipeline.feed.producers import publish_records  # noqa: E402
+from pipeline.feed.topics import make_client  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "throughput.json"
 
@@ -328,7 +328,7 @@ def main(argv=None) -> dict:
                 "spark.master": "local[2]", "enrichment.max_wait": "0s", "job.max_rows_per_batch": args.max_rows,
                 **{f"topics.{k}": v for k, v in topics.items()}}
             settings = load_settings(env={}, cli=job_config)
-            from pipeline.spark import build_spark
+            from pipeline.runtime.spark import build_spark
 
             print(f"Spark's stderr goes to {log_path}", flush=True)
             saved_stderr = capture_stderr(log_path)

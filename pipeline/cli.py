@@ -72,31 +72,31 @@ def cmd_broker(args, settings):
 
     ensure_data_dir(settings.data_dir)
     if args.apache:
-        from pipeline.apache_broker import serve_forever as serve_apache
+        from pipeline.feed.apache_broker import serve_forever as serve_apache
 
         serve_apache(settings)
         return
-    from pipeline.broker import serve_forever
+    from pipeline.feed.broker import serve_forever
 
     serve_forever(settings)
 
 
 def cmd_topics(args, settings):
-    from pipeline.broker import resolve_service_url
-    from pipeline.topics import ensure_topics
+    from pipeline.feed.broker import resolve_service_url
+    from pipeline.feed.topics import ensure_topics
 
     ensure_topics(settings, resolve_service_url(settings), partitions=args.partitions)
     print("topics ready: " + ", ".join(settings.topics.values()))
 
 
 def cmd_datagen(args, settings):
-    from pipeline.datagen import main as datagen_main
+    from pipeline.feed.datagen import main as datagen_main
 
     datagen_main(args, settings)
 
 
 def cmd_produce(args, settings):
-    from pipeline.producers import main as produce_main
+    from pipeline.feed.producers import main as produce_main
 
     produce_main(args, settings)
 
@@ -160,8 +160,8 @@ def cmd_redrive(args, settings):
 def cmd_state(args, settings):
     from pipeline import store
     from pipeline.enrich.lookups import lookup_named
-    from pipeline.spark import build_spark
-    from pipeline.state import inspect_key
+    from pipeline.runtime.spark import build_spark
+    from pipeline.control.state import inspect_key
 
     if args.serve:
         return _serve_state(settings)
@@ -186,8 +186,8 @@ def cmd_state(args, settings):
 def _serve_state(settings) -> None:
     """The console's look-up worker: requests on stdin, answers on stdout, one Spark session."""
     from pipeline import store
-    from pipeline.spark import build_spark
-    from pipeline.state import serve_lookups
+    from pipeline.runtime.spark import build_spark
+    from pipeline.control.state import serve_lookups
 
     spark = build_spark(settings.with_overrides(spark__master="local[1]", spark__shuffle_partitions=1),
                         app_name="stateful-streams-state")
@@ -217,7 +217,7 @@ def cmd_exporter(args, settings):
     import os
     import subprocess
 
-    from pipeline.broker import die_with_parent
+    from pipeline.feed.broker import die_with_parent
     from pipeline.console import PROJECT_ROOT, settings_environment
 
     env = {name: value for name, value in os.environ.items() if not name.startswith("SS_")}
@@ -299,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     state.add_argument("targets", nargs="*", metavar="LOOKUP KEY", help=f"{' or '.join(CHANGELOGS)}, then the id; pairs may repeat")
     state.add_argument("--json", action="store_true", help="one JSON object per key")
     state.add_argument("--serve", action="store_true", help="answer JSON look-up requests on stdin on one Spark "
-                       "session (the console's worker; see pipeline/state_service.py)")
+                       "session (the console's worker; see pipeline/control/state_service.py)")
 
     add("app", cmd_app, "run the Streamlit console on app.address:app.port")
     add("demo", cmd_demo, "run broker, producers, job and console together (what 'make demo' runs)")

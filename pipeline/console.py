@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.broker import die_with_parent
+from pipeline.feed.broker import die_with_parent
 from pipeline.config import CONFIG_FILE_ENV, KEYS, Settings
 from pipeline.errors import ConfigError, StatefulStreamsError
 

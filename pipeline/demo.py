@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.broker import die_with_parent, running_embedded_url
+from pipeline.feed.broker import die_with_parent, running_embedded_url
 from pipeline.config import Settings
 from pipeline.enrich.lookups import CHANGELOGS
 from pipeline.errors import BrokerError

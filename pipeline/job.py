@@ -8,7 +8,7 @@
 The parse step runs inside the source's read tasks (its ``transform`` option). The lookups are
 one Java operator used twice (pipeline/enrich/lookups.py, jvm/); everything else is Python.
 
-Restarts, what cannot be retried, signals and the start-up clock are pipeline/supervisor.py's,
+Restarts, what cannot be retried, signals and the start-up clock are pipeline/runtime/supervisor.py's,
 shared with the SQL pipelines.
 """
 
@@ -19,13 +19,13 @@ import logging
 import threading
 
 from pipeline import store
-from pipeline.broker import BrokerUse, use_embedded_broker
+from pipeline.feed.broker import BrokerUse, use_embedded_broker
 from pipeline.config import Settings
 from pipeline.errors import StatefulStreamsError
-from pipeline.freed_memory import give_back_freed_memory
+from pipeline.runtime.freed_memory import give_back_freed_memory
 from pipeline.metrics import MetricsStore, prune_old_days
 from pipeline.sinks import SinkMaintenance, SinkWriter, last_committed_batch
-from pipeline.supervisor import (CHECKPOINT_LAYOUT, EVENT_TIME_LAYOUT, Lifecycle, StartupClock, Supervisor,
+from pipeline.runtime.supervisor import (CHECKPOINT_LAYOUT, EVENT_TIME_LAYOUT, Lifecycle, StartupClock, Supervisor,
                                  check_checkpoint_layout, stop_on_signals)
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter,
     from pipeline.enrich.lookups import LOOKUPS, apply_event_lookup, apply_lookup, with_event_watermarks
     from pipeline.source.counts import list_topic_partitions, observe_rows
     from pipeline.source.datasource import PulsarDataSource
-    from pipeline.spark import shuffle_partitions
+    from pipeline.runtime.spark import shuffle_partitions
 
     checkpoint = store.checkpoint_dir(settings.data_dir)
     spark.dataSource.register(PulsarDataSource)
@@ -155,15 +155,15 @@ def connect_broker(settings: Settings) -> tuple[str, BrokerUse | None]:
 def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event | None = None) -> None:
     """Run the job until stopped (Ctrl-C / SIGTERM / ``stop``), ``max_batches`` are done, or it fails for good.
 
-    Holds the data dir's job lock (pipeline/lock.py) from before the broker starts to the end,
+    Holds the data dir's job lock (pipeline/control/lock.py) from before the broker starts to the end,
     so a second job on the same data dir refuses at once, and a restore never runs under it.
     """
-    from pipeline.lock import acquire_job_lock
-    from pipeline.savepoints import recover_restore
+    from pipeline.control.lock import acquire_job_lock
+    from pipeline.control.savepoints import recover_restore
     from pipeline.listener import JobListener
-    from pipeline.spark import build_spark
-    from pipeline.state import StateCensus
-    from pipeline.topics import ensure_topics
+    from pipeline.runtime.spark import build_spark
+    from pipeline.control.state import StateCensus
+    from pipeline.feed.topics import ensure_topics
 
     if max_batches < 0:
         raise StatefulStreamsError(f"max_batches {max_batches!r} must be >= 0 (0 = run until stopped)")

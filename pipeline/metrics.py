@@ -60,7 +60,7 @@ STREAM_SCHEMAS: dict[str, pa.Schema] = {
                         ("task", _INT), ("records", _INT), ("duration_ms", _INT)]),
     # MetricsStore.event()
     "events": pa.schema([("ts_ms", _INT), ("kind", pa.string()), ("message", pa.string()), ("details", pa.json_())]),
-    # Keys held and orders waiting per lookup (pipeline/state.py's census).
+    # Keys held and orders waiting per lookup (pipeline/control/state.py's census).
     "state": pa.schema([("ts_ms", _INT), ("batch_id", _INT), ("lookup", pa.string()), ("state_rows", _INT),
                         ("keys_held", _INT), ("waiting_keys", _INT), ("waiting_orders", _INT)]),
     # Event time only: per batch, the job's watermark and each topic's (pipeline/enrich/event_clock.py).

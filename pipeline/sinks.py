@@ -16,7 +16,7 @@ Delivery guarantee, exactly-once for every reader of the log, even right after `
 - A savepoint restore to batch N (:meth:`DeltaSinks.rollback`) restores each table to its
   newest version whose transaction version is <= N, in a commit whose transaction version is
   N, so batches N+1… commit again when the job redoes them. The restore journal
-  (pipeline/savepoints.py) makes it finish after a crash: rolling back twice is a no-op.
+  (pipeline/control/savepoints.py) makes it finish after a crash: rolling back twice is a no-op.
 - :meth:`DeltaSinks.maintain` compacts small files (``optimize``) and vacuums files that no
   version within the retention needs; the job runs it on a schedule (``sinks.*`` settings),
   on its own thread: Delta's optimistic concurrency lets batches commit meanwhile.
@@ -360,7 +360,7 @@ def last_committed_batch(checkpoint: Path) -> int:
 
 def oldest_savepoint_age_s(data_dir: Path, now_s: float | None = None) -> float | None:
     """Seconds since the oldest savepoint was taken (None without savepoints); read from the
-    savepoints' own ``savepoint.json``, as pipeline/savepoints.py writes it."""
+    savepoints' own ``savepoint.json``, as pipeline/control/savepoints.py writes it."""
     import json
     from datetime import datetime
 

@@ -8,7 +8,7 @@
 <data_dir>/metrics/<stream>/<day>.jsonl   append-only progress, tasks and events
 <data_dir>/savepoints/<name>/          named copies of the checkpoint (savepoint.json inside)
 <data_dir>/control/replay/<seq>.json   replay requests the running job picks up
-<data_dir>/control/restore.json        journal of a savepoint restore under way (pipeline/savepoints.py)
+<data_dir>/control/restore.json        journal of a savepoint restore under way (pipeline/control/savepoints.py)
 <data_dir>/job.lock                    flock held by the running job (or a restore); the OS drops it when the holder dies
 <data_dir>/sql/<pipeline>/             one SQL pipeline (pipeline/sql/): checkpoint/, staging/, sinks/, metrics/, pipeline.json
 ```

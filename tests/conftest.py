@@ -15,7 +15,7 @@ from typing import Callable
 
 import pytest
 
-from pipeline.broker import EmbeddedBroker
+from pipeline.feed.broker import EmbeddedBroker
 from pipeline.config import Settings, load_settings
 
 _counter = itertools.count()
@@ -72,7 +72,7 @@ def settings_factory(tmp_path, broker, unique_topics) -> Callable[..., Settings]
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory):
     """The one local SparkSession of the test session."""
-    from pipeline.spark import build_spark
+    from pipeline.runtime.spark import build_spark
 
     settings = load_settings(env={}, cli={"spark.master": "local[2]", "paths.data_dir": str(tmp_path_factory.mktemp("spark"))})
     session = build_spark(settings, app_name="stateful-streams-tests")
@@ -85,7 +85,7 @@ def apache_pulsar(tmp_path_factory):
     """A real Apache Pulsar standalone (3.0 LTS, from Maven Central) on free loopback ports, one
     per test session, started on first use (about 15-30 s) and stopped at the end.
     ``make test`` fetches its jars first (``make apache-pulsar``); a bare pytest fetches them here."""
-    from pipeline.apache_broker import ApacheBroker, fetch_jars
+    from pipeline.feed.apache_broker import ApacheBroker, fetch_jars
 
     fetch_jars()
     with ApacheBroker(tmp_path_factory.mktemp("apache-pulsar")) as running:

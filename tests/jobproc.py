@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 
-from pipeline.broker import die_with_parent
+from pipeline.feed.broker import die_with_parent
 from pipeline.config import KEYS, SECRET_KEYS
 from pipeline.job import run_forever
 

@@ -18,11 +18,11 @@ import pulsar
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from pipeline.apache_broker import ApacheBroker
+from pipeline.feed.apache_broker import ApacheBroker
 from pipeline.metrics import read_rows
 from pipeline.source import probes
 from pipeline.source.reader import POSITION_SHIFT
-from pipeline.topics import ensure_topics
+from pipeline.feed.topics import ensure_topics
 from factories import item, keyed, order, publish, user
 from jobproc import JobThread
 from sinkread import count, invoices as sink_invoices, orders_done
@@ -87,7 +87,7 @@ def test_the_broker_dies_with_the_process_that_started_it(tmp_path):
     import subprocess
     import sys
 
-    script = ("import sys, time; from pathlib import Path; from pipeline.apache_broker import ApacheBroker; "
+    script = ("import sys, time; from pathlib import Path; from pipeline.feed.apache_broker import ApacheBroker; "
               "b = ApacheBroker(Path(sys.argv[1])).start(); print(b.process.pid, flush=True); time.sleep(600)")
     starter = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
@@ -275,8 +275,8 @@ def test_token_authentication_end_to_end(tmp_path, unique_topics):
     import urllib.error
 
     from pipeline.config import load_settings
-    from pipeline.producers import publish_records
-    from pipeline.topics import make_client
+    from pipeline.feed.producers import publish_records
+    from pipeline.feed.topics import make_client
 
     broker = ApacheBroker(tmp_path / "secured", secret_key=os.urandom(32)).start()
     try:
@@ -314,14 +314,14 @@ def test_token_authentication_end_to_end(tmp_path, unique_topics):
 
 
 def test_the_restore_warning_reads_the_orders_retention_from_the_admin_api(apache_settings_factory):
-    """The restore's retention check (pipeline/savepoints.py) against the real admin API: with no
+    """The restore's retention check (pipeline/control/savepoints.py) against the real admin API: with no
     policy of its own the orders topic's applied retention is the broker's default, and a topic
     policy set through the admin API (as ``pulsar-admin topicpolicies set-retention`` does) is
     read back once the broker has applied it. pulsar-lite has no admin API: the check is skipped."""
     from datetime import datetime, timezone
     from pathlib import Path
 
-    from pipeline.savepoints import SavepointInfo, load_orders_retention, retention_warning
+    from pipeline.control.savepoints import SavepointInfo, load_orders_retention, retention_warning
 
     settings = apache_settings_factory()
     ensure_topics(settings, settings.service_url)

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import cli, control, savepoints, store
+from pipeline import cli, control, store
+from pipeline.control import savepoints
 from pipeline.sinks import last_committed_batch
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,7 +7,7 @@ import textwrap
 
 import pulsar
 
-from pipeline.broker import EmbeddedBroker, port_is_open, running_embedded_url
+from pipeline.feed.broker import EmbeddedBroker, port_is_open, running_embedded_url
 from waiting import wait_for
 
 
@@ -36,7 +36,7 @@ def test_broker_round_trip_keyed(broker):
 def test_broker_dies_with_its_parent(tmp_path):
     script = textwrap.dedent(f"""
         import json, os, sys
-        from pipeline.broker import EmbeddedBroker
+        from pipeline.feed.broker import EmbeddedBroker
         b = EmbeddedBroker({str(tmp_path)!r}).start()
         print(json.dumps({{"pid": b.process.pid, "port": b.port}}), flush=True)
         os._exit(0)  # no clean-up: the parent-death signal must stop the broker

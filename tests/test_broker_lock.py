@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.broker import EmbeddedBroker, port_is_open, running_embedded_url
+from pipeline.feed.broker import EmbeddedBroker, port_is_open, running_embedded_url
 from pipeline.errors import BrokerError
 from waiting import wait_for
 

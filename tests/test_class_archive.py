@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.class_archive import QUIET, driver_java_options
+from pipeline.runtime.class_archive import QUIET, driver_java_options
 
 
 def test_options_point_at_the_archive_when_it_is_there(tmp_path):
@@ -14,9 +14,9 @@ def test_options_point_at_the_archive_when_it_is_there(tmp_path):
 
 
 def test_the_spark_session_carries_them(spark):
-    """The session every test shares starts through pipeline.spark.build_spark, as the job does,
+    """The session every test shares starts through pipeline.runtime.spark.build_spark, as the job does,
     with the driver's JVM options."""
-    from pipeline.class_archive import ARCHIVE
+    from pipeline.runtime.class_archive import ARCHIVE
 
     jvm_arguments = list(spark._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
     assert "-Xss16m" in jvm_arguments

@@ -26,7 +26,7 @@ import pytest
 
 from test_backlog import assert_decided_with_what_was_published_before, publish_backlog
 from jobproc import cli_args
-from pipeline.broker import die_with_parent
+from pipeline.feed.broker import die_with_parent
 from sinkread import invoices
 from waiting import wait_for
 
@@ -113,7 +113,7 @@ class StandaloneCluster:
         # Spark daemons take the secret from _SPARK_AUTH_SECRET, as compose gives it to them
         base |= {"SPARK_HOME": SPARK_HOME, "SPARK_LOCAL_IP": "127.0.0.1", "_SPARK_AUTH_SECRET": secret, "SPARK_LOG_DIR": str(work / "logs")}
         # Spark 4 turns the REST submission server (port 6066) on by default; it takes no RPC secret.
-        # RPC encrypted and no kill buttons, as in compose (the driver's side: pipeline/spark.py).
+        # RPC encrypted and no kill buttons, as in compose (the driver's side: pipeline/runtime/spark.py).
         secure = "-Dspark.authenticate=true -Dspark.network.crypto.enabled=true -Dspark.ui.killEnabled=false"
         self._start("master", base | {"SPARK_MASTER_OPTS": f"{secure} -Dspark.master.rest.enabled=false"},
                     "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(self.port),
@@ -193,7 +193,7 @@ def test_the_job_on_a_standalone_cluster_writes_every_order_exactly_once(cluster
         assert listening and all(address.startswith(("127.0.0.1:", "[::ffff:127.0.0.1]:")) for address in listening), listening
         for daemon in ("master", "worker"):
             assert "SecurityManager: authentication enabled" in (cluster.work / f"{daemon}.log").read_text(), daemon
-        # on no command line: not the driver JVM's (pipeline/spark.py hands it over py4j), not an executor's
+        # on no command line: not the driver JVM's (pipeline/runtime/spark.py hands it over py4j), not an executor's
         needle = cluster.secret.encode()
         leaks = [pid for pid in Path("/proc").iterdir() if pid.name.isdigit() and _cmdline_has(pid, needle)]
         assert not leaks, f"the Spark secret is on the command line of {leaks}"

@@ -267,8 +267,8 @@ def _pulsar_clients(services) -> list[str]:
 
 
 def test_the_driver_encrypts_rpc_and_its_ui_cannot_kill(services):
-    """The job's side of the same (pipeline/spark.py): encryption with the secret, no kill buttons."""
-    from pipeline import spark
+    """The job's side of the same (pipeline/runtime/spark.py): encryption with the secret, no kill buttons."""
+    from pipeline.runtime import spark
 
     assert spark.SECURE_RPC_CONF == {"spark.network.crypto.enabled": "true"}
     source = Path(spark.__file__).read_text()

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import control, store
-from pipeline.broker import EmbeddedBroker
+from pipeline.feed.broker import EmbeddedBroker
 from pipeline.config import load_settings
 from pipeline.metrics import read_rows
 from pipeline.sinks import SinkWriter, last_committed_batch
@@ -76,13 +76,13 @@ def _fill(disk: Path) -> Path:
 
 class BusyConsole:
     """Viewers keep the console's state look-up busy through the chaos (issue 27): ``clients``
-    threads ask the console's own look-up service (pipeline/state_service.py, its limits on) for a
+    threads ask the console's own look-up service (pipeline/control/state_service.py, its limits on) for a
     user and an item, each as fast as the limits let it; answers, refusals and errors are counted."""
 
     def __init__(self, settings, clients: int = 3, pause_s: float = 1.0):
         import threading
 
-        from pipeline.state_service import service_for
+        from pipeline.control.state_service import service_for
 
         self.settings, self.service, self.pause_s = settings, service_for(settings), pause_s
         self.tally: Counter = Counter()

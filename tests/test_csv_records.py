@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from pipeline.csv_records import convert_row, read_csv_records
+from pipeline.feed.csv_records import convert_row, read_csv_records
 from pipeline.errors import InputDataError
 from pipeline.wire import BadMessage
 

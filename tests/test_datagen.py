@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import datagen
+from pipeline.feed import datagen
 from pipeline.cli import build_parser
-from pipeline.csv_records import read_csv_records
+from pipeline.feed.csv_records import read_csv_records
 from pipeline.errors import StatefulStreamsError
 from pipeline.wire import FIELDS
 

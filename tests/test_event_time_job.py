@@ -129,7 +129,7 @@ def test_one_big_batch_writes_the_same(published, broker, tmp_path, spark):
         job.close()
     assert written(settings.data_dir) == expected(published["data"])
     # `python -m pipeline state` on an event-time checkpoint: every version held, with its time.
-    from pipeline.state import inspect_key
+    from pipeline.control.state import inspect_key
 
     checkpoint = store.checkpoint_dir(settings.data_dir)
     renamed = inspect_key(spark, checkpoint, USERS, 2)
@@ -143,7 +143,7 @@ def test_a_replay_adds_no_version_twice(published, broker, tmp_path, spark):
     """A replay of the users topic re-reads every version the job holds: none is added again
     (a key's history keeps each version once), none counts as late, and the sinks do not change."""
     from pipeline import control
-    from pipeline.state import inspect_key
+    from pipeline.control.state import inspect_key
 
     publish_all(published, broker.service_url)
     settings = settings_for(published, tmp_path / "replayed", broker, job__max_rows_per_batch=100_000)

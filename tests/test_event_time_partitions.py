@@ -13,7 +13,7 @@ import pulsar
 import pytest
 
 from pipeline import wire
-from pipeline.broker import EmbeddedBroker
+from pipeline.feed.broker import EmbeddedBroker
 from pipeline.enrich import rules
 from pipeline.enrich.lookups import WATERMARK_COLUMN, with_event_watermarks
 from pipeline.metrics import read_events, read_rows

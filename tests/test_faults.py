@@ -9,7 +9,7 @@ import random
 import pytest
 
 from pipeline import control, store, wire
-from pipeline.broker import EmbeddedBroker
+from pipeline.feed.broker import EmbeddedBroker
 from pipeline.errors import SinkError
 from pipeline.job import run_forever
 from pipeline.metrics import read_events, read_rows

@@ -8,7 +8,8 @@ import os
 import threading
 import time
 
-from pipeline import control, savepoints, store
+from pipeline import control, store
+from pipeline.control import savepoints
 from forkkill import killed_at_step
 from test_restore import make_settings, write_checkpoint
 

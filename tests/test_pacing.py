@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from pipeline.pacing import ProgressBar, TokenBucket
+from pipeline.feed.pacing import ProgressBar, TokenBucket
 
 
 class FakeClock:

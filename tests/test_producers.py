@@ -9,10 +9,11 @@ from pathlib import Path
 import pulsar
 import pytest
 
-from pipeline import cli, datagen, producers
-from pipeline.csv_records import read_csv_records
+from pipeline import cli
+from pipeline.feed import datagen, producers
+from pipeline.feed.csv_records import read_csv_records
 from pipeline.errors import BrokerError, StatefulStreamsError
-from pipeline.producers import loop_orders, publish_records
+from pipeline.feed.producers import loop_orders, publish_records
 from pipeline.wire import FIELDS
 from waiting import wait_for
 
@@ -217,9 +218,9 @@ class RefusingClient:
 
 
 def test_unacknowledged_sends_are_counted_and_fail_the_command(monkeypatch, settings_factory, sample, capsys):
-    import pipeline.topics
+    import pipeline.feed.topics
 
-    monkeypatch.setattr(pipeline.topics, "make_client", lambda url, **kwargs: RefusingClient())
+    monkeypatch.setattr(pipeline.feed.topics, "make_client", lambda url, **kwargs: RefusingClient())
     settings = settings_factory()
     with pytest.raises(BrokerError, match=re.escape(
             f"3 of 3 messages to {settings.topics['orders']!r} were not acknowledged (first error: Timeout)")):

@@ -16,7 +16,7 @@ import pytest
 
 from app.exporter import start_exporter
 from app_fixtures import fixture_data, read_metrics  # noqa: F401 - fixtures
-from pipeline.broker import die_with_parent
+from pipeline.feed.broker import die_with_parent
 from pipeline.config import load_settings
 from waiting import wait_for
 

@@ -43,7 +43,7 @@ def world(tmp_path, monkeypatch):
     """(settings, write(sink, rows), client): sinks written batch by batch, messages recorded."""
     settings = load_settings(env={}, cli={"paths.data_dir": str(tmp_path), "pulsar.service_url": "pulsar://127.0.0.1:1"})
     client = RecordingClient()
-    monkeypatch.setattr("pipeline.topics.make_client", lambda *a, **k: client)
+    monkeypatch.setattr("pipeline.feed.topics.make_client", lambda *a, **k: client)
     batches = {"missing_state": 0, "enriched": 0}
 
     def write(sink: str, rows: list[dict]) -> None:

@@ -17,7 +17,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from pipeline import cli, control, savepoints, store
+from pipeline import cli, control, store
+from pipeline.control import savepoints
 from pipeline.config import load_settings
 from pipeline.metrics import read_events
 from pipeline.sinks import SCHEMAS, SinkWriter, last_committed_batch
@@ -269,7 +270,7 @@ def test_restore_falls_back_to_the_namespace_retention(crashed_job, admin_api):
 
 
 def test_restore_without_an_admin_api_skips_the_check_with_a_log_line(crashed_job, caplog):
-    with caplog.at_level(logging.INFO, logger="pipeline.savepoints"):
+    with caplog.at_level(logging.INFO, logger="pipeline.control.savepoints"):
         info = control.restore_savepoint(make_settings(crashed_job), "at3", now=TAKEN_MS + 10 ** 12)
     assert info.warnings == ()
     assert "no pulsar.admin_url: not comparing the age of savepoint 'at3' with the retention of " \

@@ -133,7 +133,7 @@ def census_of(census) -> dict:
 
 
 def test_the_census_equals_a_full_recount_after_restarts_and_a_restore(tmp_path):
-    from pipeline.state import StateCensus
+    from pipeline.control.state import StateCensus
 
     metrics = MetricsStore(tmp_path)
     start = lambda: StateCensus(None, store.checkpoint_dir(tmp_path), metrics, max_wait_ms=0)  # noqa: E731

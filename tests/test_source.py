@@ -258,7 +258,7 @@ def test_planning_goes_on_after_the_broker_restarts(tmp_path):
     restarts (same port and data) is planned against again, with no entry lost or repeated."""
     from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-    from pipeline.broker import EmbeddedBroker
+    from pipeline.feed.broker import EmbeddedBroker
 
     topic = "persistent://public/default/restarted"
     broker = EmbeddedBroker(tmp_path).start()

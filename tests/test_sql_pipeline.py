@@ -14,7 +14,7 @@ import pytest
 from app.sql_queries import current_result, dead_letters, list_pipelines, pipeline_totals, result_changes
 from factories import publish
 from jobproc import cli_args
-from pipeline.broker import die_with_parent
+from pipeline.feed.broker import die_with_parent
 from pipeline.sql.plan import build_plan
 from pipeline.sql.runner import run_sql_pipeline
 from sqlhelp import COUNT_SQL, JOIN_SQL, fresh_topics, latest_per_key, message, read_topic

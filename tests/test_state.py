@@ -13,13 +13,13 @@ import sys
 import pytest
 
 from pipeline import control
-from pipeline import state as state_module
+from pipeline.control import state as state_module
 from pipeline import store
 from pipeline.enrich.lookups import ITEMS, USERS
-from pipeline.state import inspect_key
-from pipeline.supervisor import check_checkpoint_layout
+from pipeline.control.state import inspect_key
+from pipeline.runtime.supervisor import check_checkpoint_layout
 from pipeline.metrics import read_rows
-from pipeline.state_service import service_for
+from pipeline.control.state_service import service_for
 from factories import item, keyed, order, publish, user
 from jobproc import JobThread
 from waiting import wait_for

@@ -13,7 +13,7 @@ import pytest
 from waiting import wait_for
 
 from pipeline.errors import ControlError
-from pipeline.state_service import StateLookupService
+from pipeline.control.state_service import StateLookupService
 
 # Answers each request with its keys and the worker's pid; "slow" keys take a while, "boom" fails.
 WORKER = r"""

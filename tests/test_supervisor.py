@@ -1,4 +1,4 @@
-"""What a restart cannot fix, decided by type (pipeline/supervisor.py), without Spark."""
+"""What a restart cannot fix, decided by type (pipeline/runtime/supervisor.py), without Spark."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import errno
 import os
 
 from pipeline.errors import SinkError
-from pipeline.supervisor import cannot_retry, java_causes, summarize_error
+from pipeline.runtime.supervisor import cannot_retry, java_causes, summarize_error
 
 
 class FakeJava:

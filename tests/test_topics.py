@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from pipeline.config import load_settings
-from pipeline.topics import ensure_topics, make_client
+from pipeline.feed.topics import ensure_topics, make_client
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ wire fields they come from), the column that records whether it was found, and t
 gives a missing-state reason. Everything else (the envelope schema, the sinks' columns, the
 model in rules.py, the operator's arguments, the topics and their settings, the wire format,
 the console's selectors) is derived from :data:`LOOKUPS`, so a new changelog is one more entry
-here, with its wire fields, plus its sample data (pipeline/datagen.py).
+here, with its wire fields, plus its sample data (pipeline/feed/datagen.py).
 
 :func:`apply_lookup` runs one lookup as the generic Java ``ChangelogLookup``
 (pipeline/jvm/) through ``transformWithState``: called on the driver while the query

@@ -85,7 +85,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
 from pipeline.errors import SourceError
-from pipeline.freed_memory import give_back_freed_memory
+from pipeline.runtime.freed_memory import give_back_freed_memory
 from pipeline.source import clock as clk
 from pipeline.source import offsets as off
 from pipeline.source import planning, probes

@@ -52,7 +52,7 @@ def load_plans(files: list[str], statements: list[str] | None, name: str | None,
 
 def publish_file_samples(settings: Settings, service_url: str, plans) -> None:
     from pipeline.sql.samples import load_samples, publish_samples
-    from pipeline.topics import make_client
+    from pipeline.feed.topics import make_client
 
     client = make_client(service_url, token=settings["pulsar.auth_token"])
     try:
@@ -75,8 +75,8 @@ def launch(settings: Settings, files: list[str], statements: list[str] | None, n
             print(f"{pipeline}: {plan.kind} of {sources} into {plan.target.name} -> {plan.target.topic}")
         return 0
     from pipeline.job import connect_broker
-    from pipeline.supervisor import stop_on_signals
-    from pipeline.spark import build_spark
+    from pipeline.runtime.supervisor import stop_on_signals
+    from pipeline.runtime.spark import build_spark
 
     stop = threading.Event()
     stop_on_signals(stop)

@@ -13,7 +13,7 @@ pipelines, each named, run side by side (each its own process or query).
 
 Guarantees: the Parquet sinks are exactly-once for a glob reader across ``kill -9`` (staged,
 published after Spark's commit); the topic gets each batch's rows at least once (an upsert
-topic absorbs a re-sent batch). Restarts are the job's (pipeline/supervisor.py).
+topic absorbs a re-sent batch). Restarts are the job's (pipeline/runtime/supervisor.py).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 from pipeline import store
 from pipeline.config import Settings
 from pipeline.errors import ConfigError, ControlError, StatefulStreamsError
-from pipeline.freed_memory import give_back_freed_memory
+from pipeline.runtime.freed_memory import give_back_freed_memory
 from pipeline.metrics import MetricsStore
 from pipeline.sinks import last_committed_batch
 from pipeline.sql.envelope import envelope_ddl, make_parser, used_columns, field_name
@@ -183,9 +183,9 @@ def run_sql_pipeline(settings: Settings, plan: Plan, name: str, max_batches: int
                      stop: threading.Event | None = None, spark=None) -> None:
     """Run the pipeline until stopped (``stop``, Ctrl-C / SIGTERM), ``max_batches`` are done, or it fails for good."""
     from pipeline.job import connect_broker
-    from pipeline.supervisor import Lifecycle, Supervisor, stop_on_signals
-    from pipeline.producers import create_producer
-    from pipeline.topics import make_client
+    from pipeline.runtime.supervisor import Lifecycle, Supervisor, stop_on_signals
+    from pipeline.feed.producers import create_producer
+    from pipeline.feed.topics import make_client
 
     with _DATA_DIR_CHECK:
         root = store.sql_dir(store.ensure_data_dir(settings.data_dir), name)
@@ -203,7 +203,7 @@ def run_sql_pipeline(settings: Settings, plan: Plan, name: str, max_batches: int
         client = make_client(service_url, token=settings["pulsar.auth_token"])
         producer = create_producer(client, plan.target.topic)
         if spark is None:
-            from pipeline.spark import build_spark
+            from pipeline.runtime.spark import build_spark
 
             spark = build_spark(settings, app_name=f"sql-{name}")
             stop_on_signals(stop)

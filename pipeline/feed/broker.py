@@ -40,7 +40,7 @@ from pipeline.errors import BrokerError
 _PR_SET_PDEATHSIG = 1
 BROKER_LOCK, USERS_LOCK, START_LOCK = "broker.lock", "users.lock", "start.lock"
 BROKER_CONFIG = """\
-# Written by pipeline/broker.py. Metrics are off: pulsar-lite would bind 0.0.0.0:8080 otherwise.
+# Written by pipeline/feed/broker.py. Metrics are off: pulsar-lite would bind 0.0.0.0:8080 otherwise.
 [metrics]
 enabled = false
 """
@@ -252,7 +252,7 @@ def use_embedded_broker(data_dir: Path, timeout: float = 30.0) -> BrokerUse:
     Called by the job, ``sql`` and ``broker``. Starts are serialised by ``start.lock``, so two
     processes starting at once get one broker. Waits ``timeout`` seconds at most.
     """
-    from pipeline.lock import file_lock
+    from pipeline.control.lock import file_lock
 
     broker_dir = Path(data_dir) / "broker"
     try:
@@ -286,12 +286,12 @@ def use_embedded_broker(data_dir: Path, timeout: float = 30.0) -> BrokerUse:
 
 def _start_keeper(data_dir: Path, deadline: float) -> str:
     """Start ``keep_broker`` in a session of its own (a Ctrl-C or a kill of our group spares it)."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
     log_path = data_dir / "broker" / "keeper.log"
     with open(log_path, "ab") as log:
         keeper = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from pipeline.broker import keep_broker; sys.exit(keep_broker(sys.argv[1]))",
+            [sys.executable, "-c", "import sys; from pipeline.feed.broker import keep_broker; sys.exit(keep_broker(sys.argv[1]))",
              str(data_dir)],
             stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=env, cwd=str(root), start_new_session=True)
     while (url := running_embedded_url(data_dir)) is None:
@@ -344,7 +344,7 @@ def serve_forever(settings: Settings) -> None:
     if existing:
         raise BrokerError(f"an embedded broker already runs for this data dir at {existing}")
     with use_embedded_broker(settings.data_dir) as use:
-        from pipeline.topics import ensure_topics
+        from pipeline.feed.topics import ensure_topics
 
         ensure_topics(settings.with_overrides(pulsar__service_url=use.service_url))
         print(use.service_url, flush=True)

@@ -1,9 +1,9 @@
 """Apache Pulsar standalone from Maven Central, started by our own code the way EmbeddedBroker is.
 
-:func:`fetch_jars` copies ``pulsar-broker`` and its dependencies (``pipeline/apache_pulsar/pom.xml``,
+:func:`fetch_jars` copies ``pulsar-broker`` and its dependencies (``pipeline/feed/apache_pulsar/pom.xml``,
 Maven Central only) into a cache folder once (``~/.cache/stateful-streams/apache-pulsar-<version>/``,
 or ``$SS_APACHE_PULSAR_CACHE``); ``make apache-pulsar`` runs it, as does
-``python -m pipeline.apache_broker fetch``.
+``python -m pipeline.feed.apache_broker fetch``.
 
 :class:`ApacheBroker` runs ``org.apache.pulsar.PulsarStandaloneStarter`` on Java 17 with a
 config of our own: broker, web and bookie ports free on 127.0.0.1, the RocksDB metadata store
@@ -31,7 +31,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.broker import die_with_parent, find_free_port, port_is_open
+from pipeline.feed.broker import die_with_parent, find_free_port, port_is_open
 from pipeline.errors import BrokerError
 
 PULSAR_VERSION = "3.0.7"  # the 3.0 LTS line: runs on Java 17 (4.x needs Java 21)
@@ -49,7 +49,7 @@ DEFAULT_JVM_OPTIONS = ("-Xms256m", "-Xmx512m", "-XX:MaxDirectMemorySize=512m", "
                        "-XX:TieredStopAtLevel=1", "-Djava.net.preferIPv4Stack=true")
 
 LOG4J2 = """\
-<!-- Written by pipeline/apache_broker.py: warnings and errors, and the standalone's start. -->
+<!-- Written by pipeline/feed/apache_broker.py: warnings and errors, and the standalone's start. -->
 <Configuration status="warn">
   <Appenders><Console name="out" target="SYSTEM_OUT">
     <PatternLayout pattern="%d{ISO8601} %-5level [%t] %c{1} - %msg%n"/></Console></Appenders>
@@ -101,7 +101,7 @@ def find_jars() -> Path:
     lib = cache_dir() / "lib"
     if not _stamp(lib).exists():
         raise BrokerError(f"Apache Pulsar {PULSAR_VERSION} is not fetched (no {str(lib)!r}); "
-                          f"run 'make apache-pulsar' or 'python -m pipeline.apache_broker fetch'")
+                          f"run 'make apache-pulsar' or 'python -m pipeline.feed.apache_broker fetch'")
     return lib
 
 
@@ -173,7 +173,7 @@ class ApacheBroker:
 
     def config_text(self) -> str:
         lines = [
-            "# Written by pipeline/apache_broker.py: loopback only, one bookie, RocksDB metadata store.",
+            "# Written by pipeline/feed/apache_broker.py: loopback only, one bookie, RocksDB metadata store.",
             "clusterName=standalone",
             "bindAddress=127.0.0.1",
             "advertisedAddress=127.0.0.1",
@@ -304,7 +304,7 @@ class ApacheBroker:
 def serve_forever(settings) -> None:
     """``python -m pipeline broker --apache``: Apache Pulsar in the foreground until Ctrl-C, with
     the topics set up through its admin API (partitions, changelog retention)."""
-    from pipeline.topics import ensure_topics
+    from pipeline.feed.topics import ensure_topics
 
     fetch_jars(quiet=False)
     broker = ApacheBroker(settings.data_dir)
@@ -326,7 +326,7 @@ def serve_forever(settings) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["fetch"]:
-        sys.exit("usage: python -m pipeline.apache_broker fetch")
+        sys.exit("usage: python -m pipeline.feed.apache_broker fetch")
     try:
         print(fetch_jars())
     except BrokerError as exc:

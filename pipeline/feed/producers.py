@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from pipeline import wire
-from pipeline.csv_records import read_csv_records
+from pipeline.feed.csv_records import read_csv_records
 from pipeline.errors import BrokerError, StatefulStreamsError
-from pipeline.pacing import ProgressBar, TokenBucket
+from pipeline.feed.pacing import ProgressBar, TokenBucket
 
 ACK_TIMEOUT_S = 60  # after the last send, how long acknowledgements may take to arrive
 
@@ -168,8 +168,8 @@ def count_data_lines(path: Path) -> int:
 
 def main(args, settings) -> None:
     """``python -m pipeline produce``: publish a CSV to its topic with a progress bar."""
-    from pipeline.broker import resolve_service_url
-    from pipeline.topics import make_client
+    from pipeline.feed.broker import resolve_service_url
+    from pipeline.feed.topics import make_client
 
     kind = args.topic
     if args.loop and kind != "orders":

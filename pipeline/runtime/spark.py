@@ -10,7 +10,7 @@ import os
 import sys
 
 from pipeline.config import Settings
-from pipeline.freed_memory import ARROW_POOL, ARROW_POOL_VARIABLE
+from pipeline.runtime.freed_memory import ARROW_POOL, ARROW_POOL_VARIABLE
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 # The code Spark generates to turn the lookups' Java rows back into its own format is one method
@@ -52,13 +52,13 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     # The Python workers (local: they inherit this environment) allocate Arrow memory from the
-    # system allocator, which hands freed memory back (pipeline/freed_memory.py).
+    # system allocator, which hands freed memory back (pipeline/runtime/freed_memory.py).
     os.environ.setdefault(ARROW_POOL_VARIABLE, ARROW_POOL)
     if settings["spark.master"].startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    from pipeline.class_archive import driver_java_options
+    from pipeline.runtime.class_archive import driver_java_options
     from pipeline.enrich.lookups import require_jar
 
     builder = (
@@ -86,7 +86,7 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
         .config("spark.python.worker.reuse", "true")
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "true")
         # Spark's stop path runs a deep regex over long Python tracebacks; give threads room. The
-        # class archive (pipeline/class_archive.py) cuts the driver JVM's start. Both JIT compilers
+        # class archive (pipeline/runtime/class_archive.py) cuts the driver JVM's start. Both JIT compilers
         # (the JVM's default): C2 gave the job 31k against 23k orders/s over 2M orders, and kill -9
         # to the first batch 11.5 against 8.5 s with C1 alone, both inside the 15 s target
         # (bench/README.md, stop 22); ``-XX:TieredStopAtLevel=1`` in spark.extra_java_options

@@ -67,7 +67,7 @@ class StateLookupService:
         return process.pid if process is not None and process.poll() is None else None
 
     def lookup(self, keys: list[tuple[str, int]], client: str) -> list[dict]:
-        """What the job holds for each ``(lookup, key)`` (pipeline.state.KeyState as dicts), for
+        """What the job holds for each ``(lookup, key)`` (pipeline.control.state.KeyState as dicts), for
         ``client``; a ControlError when a limit refuses it, it fails or it takes too long."""
         future = self._submit([[str(name), int(key)] for name, key in keys], client)
         try:
@@ -152,7 +152,7 @@ class StateLookupService:
     def _ensure_worker(self) -> subprocess.Popen:
         if self._process is not None and self._process.poll() is None:
             return self._process
-        from pipeline.broker import die_with_parent
+        from pipeline.feed.broker import die_with_parent
 
         self._answers = queue.Queue()
         self._stderr.clear()

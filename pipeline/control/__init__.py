@@ -1,13 +1,13 @@
 """Control actions shared by the CLI and the console: savepoints, replay, re-drive, state look-up.
 
 The CLI (pipeline/cli.py) and the console (through ``app/views.load_control``) call these, so
-both act the same way. Savepoints and restores live in pipeline/savepoints.py and the job lock
-in pipeline/lock.py; they are re-exported here as part of that one surface.
+both act the same way. Savepoints and restores live in pipeline/control/savepoints.py and the job lock
+in pipeline/control/lock.py; they are re-exported here as part of that one surface.
 
 - A **replay** request is a file the running job's source picks up (see pipeline/source/offsets.py).
 - A **re-drive** republishes missing-state orders with a ``redrive-of`` property, each order at
   most once, skipping rows already re-driven and orders enriched since (:func:`plan_redrive`).
-- A **state look-up** is served by one long-lived worker process (pipeline/state_service.py).
+- A **state look-up** is served by one long-lived worker process (pipeline/control/state_service.py).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from pipeline.config import Settings
 from pipeline.enrich.lookups import CHANGELOGS, LOOKUPS, MISSING_REASONS
 from pipeline.enrich.rules import RECORD_COLUMNS, REDRIVE_PROPERTY
 from pipeline.errors import ControlError
-from pipeline.lock import JobLock, acquire_job_lock, file_lock, job_is_running  # noqa: F401 - the control surface
+from pipeline.control.lock import JobLock, acquire_job_lock, file_lock, job_is_running  # noqa: F401 - the control surface
 from pipeline.metrics import MetricsStore, iso, now_ms, read_rows
 from pipeline.sinks import RENAMED
-from pipeline.savepoints import (  # noqa: F401 - the control surface
+from pipeline.control.savepoints import (  # noqa: F401 - the control surface
     SavepointInfo, check_name, list_savepoints, recover_restore, restore_savepoint, take_savepoint)
 
 
@@ -260,8 +260,8 @@ def redrive(settings: Settings, invoice_ids: list[int] | None = None, user_id: i
 
 
 def _publish(settings: Settings, rows: list[dict]) -> None:
-    from pipeline.broker import resolve_service_url
-    from pipeline.topics import make_client
+    from pipeline.feed.broker import resolve_service_url
+    from pipeline.feed.topics import make_client
 
     client = make_client(resolve_service_url(settings), token=settings["pulsar.auth_token"])
     try:
@@ -293,9 +293,9 @@ def inspect_state(settings: Settings, keys: list[tuple[str, int]], client: str =
     Served by this process's one state look-up worker for the data dir (a long-lived
     ``python -m pipeline state --serve`` with its own small Spark session; the console never
     starts Spark itself), through a queue with per-``client`` limits: see
-    pipeline/state_service.py. Returns one dict per key (pipeline.state.KeyState as JSON);
+    pipeline/control/state_service.py. Returns one dict per key (pipeline.control.state.KeyState as JSON);
     a limit, a failure or a look-up over the time limit is a ControlError.
     """
-    from pipeline.state_service import service_for
+    from pipeline.control.state_service import service_for
 
     return service_for(settings).lookup(keys, client)

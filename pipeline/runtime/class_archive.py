@@ -7,13 +7,13 @@ real job for one batch on a throwaway embedded broker with ``-XX:ArchiveClassesA
 JVM writes the classes it loaded when it exits. :func:`driver_java_options` then points
 every driver JVM at it (bench/bench_startup.py measures the difference).
 
-The training run is pipeline/class_archive_training.py (it runs the job, which starts Spark with
+The training run is pipeline/runtime/class_archive_training.py (it runs the job, which starts Spark with
 these options: kept apart so that neither imports the other). The archive is a build output
 beside the operators' jar, tied to this JDK and this venv's jars: when either changes the JVM
 ignores it and starts the slow way (its warnings are silenced), so it can only make a start
 faster, never break one.
 
-    python -m pipeline.class_archive          # (re)build it; make setup does this
+    python -m pipeline.runtime.class_archive          # (re)build it; make setup does this
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ARCHIVE = Path(__file__).resolve().parent / "jvm" / "build" / "spark-classes.jsa"
+ARCHIVE = Path(__file__).resolve().parents[1] / "jvm" / "build" / "spark-classes.jsa"
 # Without these the JVM prints a line per class it cannot archive (and, with a stale archive,
 # why it ignores it) on every start.
 QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
@@ -44,7 +44,7 @@ def build(archive: Path = ARCHIVE, timeout_s: float = 600.0) -> bool:
     partial = archive.with_suffix(".tmp")
     partial.unlink(missing_ok=True)
     archive.unlink(missing_ok=True)  # the training JVM must load every class itself
-    result = subprocess.run([sys.executable, "-m", "pipeline.class_archive_training", str(partial)],
+    result = subprocess.run([sys.executable, "-m", "pipeline.runtime.class_archive_training", str(partial)],
                             capture_output=True, text=True, timeout=timeout_s)
     if result.returncode != 0 or not partial.is_file():
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]

@@ -36,7 +36,7 @@ from pathlib import Path
 from pipeline import store
 from pipeline.config import Settings, pulsar_admin_headers
 from pipeline.errors import ControlError, SinkError
-from pipeline.lock import acquire_job_lock, file_lock
+from pipeline.control.lock import acquire_job_lock, file_lock
 from pipeline.metrics import MetricsStore, iso, now_ms
 from pipeline.sinks import SinkWriter, last_committed_batch
 

@@ -5,7 +5,7 @@ a read task's messages and Arrow batches: hundreds of MB that are freed when the
 glibc's malloc keeps freed memory for reuse, so without this each process stays at the size of
 the largest batch it ever held, and the job's RSS with it (bench/bench_state.py). Arrow's
 pool is the system allocator in every process of the job (``ARROW_DEFAULT_MEMORY_POOL``, set
-in pipeline/spark.py), and its ``release_unused`` is glibc's ``malloc_trim``: it hands back
+in pipeline/runtime/spark.py), and its ``release_unused`` is glibc's ``malloc_trim``: it hands back
 the free pages of every malloc arena in the process, Python's and pulsar-client's too.
 """
 

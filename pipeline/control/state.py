@@ -3,7 +3,7 @@
 - :func:`inspect_key`: one key of one lookup: its latest record and the orders waiting for it
   (``python -m pipeline state users 42``).
 - :func:`serve_lookups`: the same for a stream of requests on one Spark session
-  (``python -m pipeline state --serve``: the console's look-up worker, pipeline/state_service.py).
+  (``python -m pipeline state --serve``: the console's look-up worker, pipeline/control/state_service.py).
 - :func:`count_waiting`: keys with waiting orders and the orders, per lookup, at one batch.
 - :class:`StateCensus`: the job's background thread that turns Spark's own state metrics into
   ``keys held`` and ``orders waiting`` per lookup (the ``state`` stream of the metrics store).
@@ -122,7 +122,7 @@ def inspect_key(spark, checkpoint: Path, lookup: Lookup, key: int) -> KeyState:
 
 def serve_lookups(spark, checkpoint: Path, lines, write) -> None:
     """``python -m pipeline state --serve``: answer look-up requests, one JSON line each, until
-    ``lines`` ends (pipeline/state_service.py feeds them and describes the protocol).
+    ``lines`` ends (pipeline/control/state_service.py feeds them and describes the protocol).
 
     One Spark session serves every request; each reads the newest committed batch afresh.
     """
@@ -153,7 +153,7 @@ def serve_lookups(spark, checkpoint: Path, lines, write) -> None:
 
 def is_event_time(checkpoint: Path) -> bool:
     """Whether the job that wrote this checkpoint ran in event time (its layout marker says)."""
-    from pipeline.supervisor import EVENT_TIME_LAYOUT
+    from pipeline.runtime.supervisor import EVENT_TIME_LAYOUT
 
     marker = Path(checkpoint) / "layout"
     return marker.is_file() and marker.read_text().strip() == EVENT_TIME_LAYOUT

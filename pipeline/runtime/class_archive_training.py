@@ -1,8 +1,8 @@
-"""The training run of the JVM class archive (pipeline/class_archive.py): the real job for two
+"""The training run of the JVM class archive (pipeline/runtime/class_archive.py): the real job for two
 batches on a throwaway embedded broker, in a driver JVM that archives the classes it loaded when
 it exits.
 
-    python -m pipeline.class_archive_training PARTIAL   # class_archive.build runs this
+    python -m pipeline.runtime.class_archive_training PARTIAL   # class_archive.build runs this
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pipeline.class_archive import QUIET
+from pipeline.runtime.class_archive import QUIET
 
 
 def training_records() -> dict[str, list[dict]]:
@@ -31,11 +31,11 @@ def train(partial: Path) -> None:
     """One batch of the real job on a throwaway broker, in a JVM that archives its classes at exit."""
     from pipeline.config import load_settings
     from pipeline.job import run_forever
-    from pipeline.producers import publish_records
-    from pipeline.topics import make_client
+    from pipeline.feed.producers import publish_records
+    from pipeline.feed.topics import make_client
 
     with tempfile.TemporaryDirectory(prefix="ss-class-archive-") as tmp:
-        from pipeline.broker import EmbeddedBroker
+        from pipeline.feed.broker import EmbeddedBroker
 
         broker = EmbeddedBroker(Path(tmp) / "broker").start()
         try:

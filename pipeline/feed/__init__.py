@@ -1,0 +1,1 @@
+"""What feeds the job: the brokers (pulsar-lite, Apache Pulsar), topic set-up, producers and sample data."""
