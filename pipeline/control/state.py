@@ -115,8 +115,8 @@ def inspect_key(spark, checkpoint: Path, lookup: Lookup, key: int) -> KeyState:
     waiting = (_reader(spark, checkpoint, lookup, "waiting", batch_id).option("partitionId", partition)
                .option("flattenCollectionTypes", "true").load().filter(f"key.value = {int(key)}")
                .select("list_element.*").collect())
-    found.waiting = [{name: row[name] for name in ("invoice_id", "source_message_id", "first_seen_ms",
-                                                    "user_id", "item_id")} for row in waiting]
+    shown = ("invoice_id", "source_message_id", "first_seen_ms", *(each.id_column for each in LOOKUPS))
+    found.waiting = [{name: row[name] for name in shown} for row in waiting]
     return found
 
 
