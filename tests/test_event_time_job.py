@@ -220,7 +220,7 @@ def test_an_idle_changelog_stops_holding_the_watermark_back(broker, tmp_path):
 
 def test_a_stream_that_stops_still_decides_what_is_due(broker, tmp_path):
     """Items, then orders, then user versions, then nothing more: no batch would run without
-    input, so the idle items' heartbeat must move the watermark (the users' newest time less the
+    input, so the clock row of the idle items must move the watermark (the users' newest time less the
     out-of-orderness is past every order) and every order is decided, with no new message."""
     topics = {k: f"persistent://public/default/{k}-quiet-{tmp_path.name}" for k in ("users", "items", "orders")}
     settings = settings_for({"topics": topics}, tmp_path / "quiet", broker, enrichment__idle_timeout="3s")
@@ -245,3 +245,31 @@ def test_a_stream_that_stops_still_decides_what_is_due(broker, tmp_path):
     assert all(decided[n] == ("Later1" if T0 + 1_000 + n * 100 >= T0 + 6_000 else "First1")
                for n in range(0, 100, 2))
     assert {decided[n] for n in range(1, 100, 2)} == {"First2"}
+
+
+def test_a_hot_key_keeps_only_what_the_watermark_still_needs(broker, tmp_path, spark):
+    """A user updated 60 times, then never again, while the other changelog moves on: its older
+    versions are pruned by the operator's timer (watermark - allowed lateness - max wait), without
+    the key being touched again; the current version stays."""
+    from pipeline.control.state import inspect_key
+
+    topics = {k: f"persistent://public/default/{k}-hot-{tmp_path.name}" for k in ("users", "items", "orders")}
+    settings = settings_for({"topics": topics}, tmp_path / "hot", broker, enrichment__allowed_lateness="1s",
+                            enrichment__max_wait="0s", enrichment__idle_timeout="2s")
+    url = broker.service_url
+    publish_timed(url, topics["users"], [("7", wire.encode(user(7, firstName=f"V{n}")), T0 + n * 100) for n in range(60)])
+    publish_timed(url, topics["items"], [("1", wire.encode(item(1)), T0 + n * 1_000) for n in range(30)])
+    publish_timed(url, topics["orders"], [("o1", wire.encode(order(1, 7, 1, createdAt=T0 + 5_950)), T0 + 5_950)])
+    job = JobThread(settings)
+    try:
+        # the users go idle; the items' newest (T0+29 s) then carries the watermark to T0+27 s
+        wait_for(lambda: orders_done(settings.data_dir) >= 1 or job.error, timeout=240, what="the order decided")
+        # a batch run with the watermark past the hot key's pruning timer has committed its state
+        wait_for(lambda: ((read_rows(settings.data_dir, "watermarks") or [{}])[-1].get("watermark_ms") or 0) >= T0 + 20_000
+                 or job.error, timeout=120, what="the watermark past every version")
+    finally:
+        job.close()
+    (decided,) = rows(settings.data_dir, "enriched")
+    assert decided["user_first_name"] == "V59"  # the version as of T0+5.95 s, read before any pruning
+    held = inspect_key(spark, store.checkpoint_dir(settings.data_dir), USERS, 7)
+    assert [v["version_ms"] for v in held.versions] == [T0 + 5_900]
