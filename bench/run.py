@@ -36,7 +36,8 @@ BENCHES = {
     "state": (bench_state, []),
     "console": (bench_console, ["--orders", "5000000"]),
     "sql": (bench_sql, ["--keys", "1000000"]),
-    "event_time": (bench_event_time, []),
+    "event_time": (bench_event_time, ["--users", "1000000", "--items", "10000", "--orders", "2000000",
+                                      "--partitions", "1,4"]),
     "flink": (bench_flink, []),
 }
 
@@ -179,16 +180,7 @@ def figure_rows(results: dict) -> list[tuple[str, str, str, str]]:
             job = sql.get("job", {}).get("orders_per_s")
             rows.append((f"{label}, {sql['keys']:,} keys (rows/s)", _f(sql[name]["rows_per_s"], ",.0f") + _load(sql[name]),
                          f"enrichment job {_f(job, ',.0f')} orders/s", _f(sql.get(f"{name}_vs_job"))))
-    modes = {r["mode"]: r for r in results.get("event_time", {}).get("results", [])}
-    if {"processing", "event"} <= set(modes):
-        processing, event = modes["processing"], modes["event"]
-        rows.append(("event time: backlog orders/s", _f(event["throughput_orders_per_s"], ",.0f"),
-                     f"processing time {_f(processing['throughput_orders_per_s'], ',.0f')}",
-                     _f(event["throughput_orders_per_s"] / processing["throughput_orders_per_s"])))
-        rows.append(("event time: p99 latency (ms)", _f(event["latency_p99_ms"], ",.0f"),
-                     f"processing time {_f(processing['latency_p99_ms'], ',.0f')}",
-                     _f(event["latency_p99_ms"] / processing["latency_p99_ms"] if processing["latency_p99_ms"] else None)))
-    for name, (module, _) in BENCHES.items():  # benchmarks that build their own rows (bench_flink)
+    for name, (module, _) in BENCHES.items():  # benchmarks that build their own rows (bench_flink, bench_event_time)
         if hasattr(module, "table_rows") and isinstance(results.get(name), dict) and "error" not in results[name]:
             rows += module.table_rows(results[name])
     for name, figures in results.items():
