@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
 from bench import (bench_backlog, bench_console, bench_event_time, bench_flink, bench_latency,  # noqa: E402
-                   bench_reader_stalls, bench_recovery, bench_sql, bench_startup, bench_state, bench_throughput)
+                   bench_month, bench_reader_stalls, bench_recovery, bench_sql, bench_startup, bench_state, bench_throughput)
 from bench.common import RESULTS_DIR, machine, now_utc  # noqa: E402
 
 LATEST = RESULTS_DIR / "latest.json"
@@ -39,6 +39,8 @@ BENCHES = {
     "event_time": (bench_event_time, ["--users", "1000000", "--items", "10000", "--orders", "2000000",
                                       "--partitions", "1,4"]),
     "flink": (bench_flink, []),
+    # issue 28: 100,000 batches through the sink writer; about 8 h on this machine under load (bench/README.md)
+    "month": (bench_month, ["--batches", "100000", "--at", "1000,10000,100000"]),
 }
 
 
