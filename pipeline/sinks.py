@@ -306,16 +306,23 @@ class DeltaSinks:
             if retention_s is not None:
                 hours = max(0, math.ceil(retention_s / 3600))
                 table = open_table(path)
-                removed = table.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False)
-                facts["files_vacuumed"] = len(removed)
-                # One JSON per commit would otherwise pile up for Delta's default 30 days; the
-                # checkpoint keeps the transaction versions. At least an hour, so that a reader
-                # loading the table never loses a log file under it.
+                # vacuum lists every file the log still remembers as removed, those an earlier
+                # round deleted too: only the ones still on disk are this round's
+                removed = table.vacuum(retention_hours=hours, dry_run=True, enforce_retention_duration=False)
+                present = [name for name in removed if (path / name).exists()]
+                table.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False)
+                facts["files_vacuumed"] = len(present)
+                # One JSON per commit would otherwise pile up for Delta's default 30 days, and
+                # each checkpoint would carry a tombstone per replaced file for Delta's default
+                # week; the checkpoint keeps the transaction versions. At least an hour, so that a
+                # reader loading the table never loses a log file under it.
                 table = open_table(path)
                 log_hours = max(1, math.ceil((retention_s if log_retention_s is None else log_retention_s) / 3600))
-                wanted = f"interval {log_hours} hours"
-                if table.metadata().configuration.get("delta.logRetentionDuration") != wanted:
-                    table.alter.set_table_properties({"delta.logRetentionDuration": wanted})
+                wanted = {"delta.logRetentionDuration": f"interval {log_hours} hours",
+                          "delta.deletedFileRetentionDuration": f"interval {max(1, hours)} hours"}
+                configured = table.metadata().configuration
+                if any(configured.get(key) != value for key, value in wanted.items()):
+                    table.alter.set_table_properties(wanted)
                     table = open_table(path)
                 table.create_checkpoint()
                 table.cleanup_metadata()
