@@ -3,8 +3,8 @@
 Each part is its own ``python -m pipeline …`` process, so the demo shows exactly what an
 operator would run by hand. Children get a parent-death signal: none outlives the demo. They
 run in process groups of their own, so a Ctrl-C in the terminal reaches the demo alone, which
-then stops them in reverse order (console and producers first, then the job, the broker last)
-with SIGTERM and prints one line per process and a last line saying what stopped and why.
+then stops them with SIGTERM, all at once but the broker, which goes last, and prints one line
+per process and a last line saying what stopped and why.
 """
 
 from __future__ import annotations
@@ -52,23 +52,30 @@ class Processes:
         return child
 
     def stop_all(self, grace_s: float = 60.0) -> None:
-        """SIGTERM each running child, newest first, and wait for it; one line per child."""
+        """SIGTERM every running child at once but the broker, wait for each, then the broker (the
+        others use it while they stop); one line per child. Together, so a stop takes the longest
+        child's time, not the sum of them all (a job finishing its batch, a pipeline, the console)."""
+        running = []
         for name, child in reversed(self.children):
             if child.poll() is not None:
                 if name.startswith("produce-") and name != "produce-orders" and child.returncode == 0:
                     continue  # a one-off load that finished long ago
                 print(f"{name}: had already exited with code {child.returncode}")
                 continue
+            running.append((name, child))
+        for wave in ([(n, c) for n, c in running if n != "broker"], [(n, c) for n, c in running if n == "broker"]):
             started = time.monotonic()
-            child.send_signal(signal.SIGTERM)
-            try:
-                code = child.wait(timeout=grace_s)
-                how = "on SIGTERM" if code == -signal.SIGTERM else f"exit {code}"
-                print(f"{name}: stopped ({how}) in {time.monotonic() - started:.1f}s")
-            except subprocess.TimeoutExpired:
-                os.killpg(child.pid, signal.SIGKILL)
-                child.wait()
-                print(f"{name}: killed after {grace_s:.0f}s without stopping")
+            for _, child in wave:
+                child.send_signal(signal.SIGTERM)
+            for name, child in wave:
+                try:
+                    code = child.wait(timeout=max(0.0, started + grace_s - time.monotonic()))
+                    how = "on SIGTERM" if code == -signal.SIGTERM else f"exit {code}"
+                    print(f"{name}: stopped ({how}) in {time.monotonic() - started:.1f}s")
+                except subprocess.TimeoutExpired:
+                    os.killpg(child.pid, signal.SIGKILL)
+                    child.wait()
+                    print(f"{name}: killed after {grace_s:.0f}s without stopping")
 
     def first_failure(self, watched: tuple[str, ...]) -> str | None:
         """Why a watched child ended, if one did: ``job exited with code 2``."""
