@@ -28,8 +28,11 @@ def test_ctrl_c_stops_every_process_with_one_line_each(tmp_path):
     data_dir = tmp_path / "var"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SS_")}
     env.update(SS_PATHS_DATA_DIR=str(data_dir), SS_APP_PORT=str(free_port()), SS_SPARK_MASTER="local[2]")
+    # as from a terminal: a shell running the tests in the background (`make test &`) ignores
+    # SIGINT, and a child would inherit that and never see the Ctrl-C below
     demo = subprocess.Popen([sys.executable, "-m", "pipeline", "demo"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         # the orders start once the job has committed its first batch (the changelogs)
         wait_for(lambda: demo.poll() is not None or any(
