@@ -227,6 +227,10 @@ def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event 
             maintenance.stop()
         if census is not None:
             census.stop()
+        if listener is not None or event_clock is not None:
+            from pipeline.runtime.spark import deliver_pending_events
+            if not deliver_pending_events(spark):
+                log.warning("the last batches' progress events were still queued after 10 s; their rows may be missing")
         if listener is not None:
             spark.streams.removeListener(listener)
         if event_clock is not None:

@@ -131,3 +131,19 @@ def start_jvm(builder) -> None:
         for key, value in builder._options.items():  # what getOrCreate would have passed
             conf.set(key, value)
         SparkContext._ensure_initialized(conf=conf)
+
+
+def deliver_pending_events(spark, timeout_s: float = 10.0) -> bool:
+    """Wait until Spark's listener bus has handed every queued event to its listeners.
+
+    A query's last progress event is queued as the batch ends and delivered on the bus's own
+    thread: removing a listener right after the query stops dropped the last batch's progress
+    row (one in a few runs). False if the bus did not empty within the timeout.
+    """
+    from py4j.protocol import Py4JJavaError
+
+    try:
+        spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(int(timeout_s * 1000))
+        return True
+    except Py4JJavaError:  # a TimeoutException: the caller goes on without the late events
+        return False

@@ -184,6 +184,7 @@ def run_sql_pipeline(settings: Settings, plan: Plan, name: str, max_batches: int
     """Run the pipeline until stopped (``stop``, Ctrl-C / SIGTERM), ``max_batches`` are done, or it fails for good."""
     from pipeline.job import connect_broker
     from pipeline.runtime.supervisor import Lifecycle, Supervisor, stop_on_signals
+    from pipeline.runtime.spark import deliver_pending_events
     from pipeline.feed.producers import create_producer
     from pipeline.feed.topics import make_client
 
@@ -229,6 +230,7 @@ def run_sql_pipeline(settings: Settings, plan: Plan, name: str, max_batches: int
         supervisor.run(start, committed=lambda: last_committed_batch(checkpoint), failure=lambda: writer.failure)
     finally:
         if listener is not None:
+            deliver_pending_events(spark)  # the last batch's progress row, before its listener goes
             spark.streams.removeListener(listener)
         if client is not None:
             client.close()
