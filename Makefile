@@ -72,9 +72,10 @@ apache-pulsar: $(STAMP)
 test: setup apache-pulsar
 	$(PY) -m pytest -q
 
-# The fast tier: pure rules and maths, no broker, no Spark.
+# The fast tier: every test that starts no broker and no Spark (about 600), on one pytest worker
+# per core: 49 s on this 2-core machine against 85 s on one.
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not e2e and not services and not browser and not apache"
+	$(PY) -m pytest -q -n auto -m "not e2e and not services and not browser and not apache"
 
 # The Flink peer of bench/bench_flink.py (bench/peers/flink/): one shaded jar built by Maven from
 # Maven Central (cached in ~/.m2), rebuilt when its sources change; only `make bench` builds it.

@@ -39,7 +39,7 @@ def _api(base: str, path: str, **params) -> dict:
 
 @pytest.fixture
 def prometheus_factory(tmp_path):
-    """Start Prometheus on 127.0.0.1 scraping the given targets every second; stopped after the test."""
+    """Start Prometheus on 127.0.0.1 scraping the given targets twice a second; stopped after the test."""
     if not Path(PROMETHEUS).exists():
         pytest.fail("Debian's prometheus is not installed; run `make system-deps`")
     started: list[subprocess.Popen] = []
@@ -49,7 +49,7 @@ def prometheus_factory(tmp_path):
         config = tmp_path / "prometheus.yml"
         # JSON is YAML: the generated config needs no YAML writer
         config.write_text(json.dumps({
-            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+            "global": {"scrape_interval": "500ms", "scrape_timeout": "500ms", "evaluation_interval": "500ms"},
             "scrape_configs": [{"job_name": "stateful-streams", "static_configs": [{"targets": targets}]}],
         }))
         log = (tmp_path / "prometheus.log").open("w")

@@ -228,7 +228,7 @@ class AdminAPI(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def admin_api():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), AdminAPI)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}", AdminAPI.policies
     server.shutdown()
     server.server_close()
