@@ -8,6 +8,7 @@ text is the one-line ``error`` of its dead-letter row.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import sys
@@ -152,6 +153,17 @@ def parse_payload(topic: str, payload: bytes | None) -> dict[str, Any] | None:
     if len(payload) > MAX_PAYLOAD_BYTES:
         raise BadMessage(f"payload is {len(payload)} bytes, over the {MAX_PAYLOAD_BYTES}-byte limit")
     return parse_record(topic, load_json(payload))
+
+
+def payload_text(payload: bytes | None) -> str | None:
+    """The raw payload as a dead letter holds it, in the job's and the SQL pipelines' alike: its
+    text, or ``base64:`` and its base64 when it is not UTF-8."""
+    if payload is None:
+        return None
+    try:
+        return payload.decode("utf-8")
+    except UnicodeDecodeError:
+        return "base64:" + base64.b64encode(payload).decode("ascii")
 
 
 def load_json(payload: bytes) -> Any:

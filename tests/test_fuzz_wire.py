@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass, field
 
 import duckdb
+import pytest
 import pyarrow as pa
 import pyarrow.parquet as pq
 from hypothesis import HealthCheck, example, given, settings
@@ -231,7 +232,7 @@ def check_routed(batch, kinds, keys, payloads, decided) -> None:
                 assert "\\x" in keys[i]  # its bad bytes shown, never a valid id
         if op == "dead":
             assert_one_line(error)
-            assert decided["payload"][i] == rules.payload_text(payload)
+            assert decided["payload"][i] == wire.payload_text(payload)
         else:
             assert error is None
         if op == "delete":
@@ -304,3 +305,20 @@ def test_sink_files_stay_readable_by_duckdb(batch, tmp_path_factory):
 def test_an_unexpected_failure_is_still_a_one_line_error(text):
     # route_messages turns any exception into a dead letter; its text may quote the message.
     assert_one_line(rules.dead_letter_error(RuntimeError(text)))
+
+
+@pytest.mark.parametrize("payload", [b"\xff\xfe{", "{\"id\": 1".encode(), b"[1]"], ids=["not-utf8", "cut", "array"])
+def test_a_dead_letter_holds_its_payload_alike_in_the_job_and_the_sql_pipelines(payload):
+    """One dead-letter format: the SQL pipelines wrote bare base64 for a payload that is not
+    UTF-8 where the job writes ``base64:…``, so one query could not read both."""
+    from pipeline.sql.envelope import make_parser
+    from pipeline.sql.plan import build_plan
+    from sqlhelp import COUNT_SQL
+
+    job = rules.route_messages(["users"], [b"1"], [payload])
+    source = pa.RecordBatch.from_pylist([{
+        "kind": "users", "key": "1", "value": payload, "partition": 0, "position": 0, "topic": "users",
+        "message_id": "1:0:0", "publish_time": None}])
+    [sql] = list(make_parser(build_plan(COUNT_SQL.read_text()))([source]))
+    assert job["op"] == ["dead"] and sql.column("op").to_pylist() == ["dead"]
+    assert sql.column("payload").to_pylist() == job["payload"] == [wire.payload_text(payload)]

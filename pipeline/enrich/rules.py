@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import base64
 import json
 from collections import defaultdict
 from typing import Iterable, Literal
@@ -73,16 +72,6 @@ REDRIVE_PROPERTY = "redrive-of"
 UNDECIDED_REASONS = (LATE, FUTURE)  # event time: orders whose time no lookup decided (lookups.py)
 
 
-def payload_text(payload: bytes | None) -> str | None:
-    """The raw payload for a dead letter: its text, or base64 when it is not UTF-8."""
-    if payload is None:
-        return None
-    try:
-        return payload.decode("utf-8")
-    except UnicodeDecodeError:
-        return "base64:" + base64.b64encode(payload).decode("ascii")
-
-
 # The envelope columns the parse step decides from a message's payload (the rest it copies).
 DECIDED_COLUMNS = ("op", "error", "payload",
                    *dict.fromkeys(column for columns in RECORD_COLUMNS.values() for column in columns.values()))
@@ -122,10 +111,10 @@ def route_messages(kinds: list[str], keys: list, payloads: list, time_errors: li
             record = parse(kind, payload)
             deleted = wire.tombstone_key(keys[i]) if record is None else None
         except Exception as exc:  # noqa: BLE001 - no message, whatever its bytes, may fail the batch
-            ops[i], errors[i], raw[i] = "dead", dead_letter_error(exc), payload_text(payload)
+            ops[i], errors[i], raw[i] = "dead", dead_letter_error(exc), wire.payload_text(payload)
             continue
         if time_errors is not None and time_errors[i] and kind in timed:
-            ops[i], errors[i], raw[i] = "dead", time_errors[i], payload_text(payload)
+            ops[i], errors[i], raw[i] = "dead", time_errors[i], wire.payload_text(payload)
             continue
         if record is None:
             ops[i] = "delete"

@@ -20,7 +20,6 @@ on the executors).
 
 from __future__ import annotations
 
-import base64
 import json
 
 from pipeline import wire
@@ -131,15 +130,6 @@ def decide_row(spec: dict, table: str, key: str | None, value: bytes | None) -> 
     return "upsert", fields, None
 
 
-def _payload_text(value: bytes | None) -> str | None:
-    if value is None:
-        return None
-    try:
-        return value.decode("utf-8")
-    except UnicodeDecodeError:
-        return base64.b64encode(value).decode("ascii")
-
-
 def make_parser(plan: Plan):
     """The ``mapInArrow`` function: source batches → envelope batches (runs on the executors)."""
     specs = table_specs(plan)
@@ -160,7 +150,7 @@ def make_parser(plan: Plan):
                 base = {"key": row["key"], "side": spec["side"], "op": op, "source_partition": row["partition"],
                         "position": row["position"], "source_topic": row["topic"],
                         "source_message_id": row["message_id"],
-                        "payload": _payload_text(row["value"]) if op == "dead" else None, "error": error,
+                        "payload": wire.payload_text(row["value"]) if op == "dead" else None, "error": error,
                         "published_ms": int(published.timestamp() * 1000) if published is not None else None}
                 for name, _ in fields:
                     columns[name].append(base[name] if name in base else values.get(name))
