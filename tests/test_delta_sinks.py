@@ -14,6 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 
 import sinkread
+from waiting import wait_for
 from pipeline import sinks, store
 
 
@@ -146,11 +147,7 @@ def test_the_schedule_records_each_round(tmp_path):
         (kind, message, details)))
     maintenance.start()
     try:
-        import time
-
-        deadline = time.monotonic() + 30
-        while not events and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: events, timeout=30, interval=0.05, what="a maintenance round")
     finally:
         maintenance.stop()
     kind, message, details = events[0]

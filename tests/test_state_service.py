@@ -110,10 +110,7 @@ def test_a_slow_lookup_ends_the_worker_and_the_next_starts_one(service_factory, 
 def test_an_idle_worker_is_stopped_and_started_again_when_needed(service_factory):
     service = service_factory(idle_s=0.5)
     first = service.lookup([("users", 1)], "a")[0]["pid"]
-    deadline = time.monotonic() + 10
-    while service.pid is not None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert service.pid is None
+    wait_for(lambda: service.pid is None, timeout=10, what="the idle worker to stop")
     assert service.lookup([("users", 1)], "a")[0]["pid"] != first and service.starts == 2
 
 
