@@ -272,3 +272,28 @@ def test_batches_keep_their_cap_across_a_ledger_the_broker_rolled(broker, unique
         offsets.append(end)
     assert sum(sizes) == total and max(sizes) <= 20_000, sizes
     assert len(sizes) <= total // 20_000 + 3  # batches near the cap (a cold first one, one at the ledger's end)
+
+
+def test_planning_says_once_a_minute_when_the_clock_is_late(tmp_path, monkeypatch, caplog):
+    """A clock file that stops taking in batches (its listener gone) costs each plan the wait:
+    the source says so in one warning, not once per plan."""
+    from pipeline.source import clock as clk
+    from pipeline.source import datasource
+
+    monkeypatch.setattr(datasource, "CLOCK_WAIT_S", 0.01)
+    path = tmp_path / "clock.json"
+    reader = make_reader("pulsar://127.0.0.1:9", {"users": "persistent://public/default/u"},
+                         clockFile=str(path), changelogs="users")
+    start = off.initial_offset({"users": ["-1"]})
+    clk.write_clock_file(path, {"users": 1_000}, set(), {"users": {"gen": 0, "parts": {}}})  # an older batch
+    with caplog.at_level("WARNING", logger=datasource.__name__):
+        for _ in range(3):
+            reader._take_clock(start, json.loads(json.dumps(start)))
+    warnings = [r.getMessage() for r in caplog.records if "clock file" in r.getMessage()]
+    assert len(warnings) == 1 and str(path) in warnings[0] and "(1 plans so far)" in warnings[0]
+    assert reader._late_clocks == 3
+    caplog.clear()
+    clk.write_clock_file(path, {"users": 2_000}, set(), start)  # the clock takes the batch in: no word
+    with caplog.at_level("WARNING", logger=datasource.__name__):
+        reader._take_clock(start, json.loads(json.dumps(start)))
+    assert reader._late_clocks == 3 and not caplog.records

@@ -206,6 +206,7 @@ class PulsarStreamReader(DataSourceStreamReader):
                               f"which are not in option 'topics' ({sorted(self.topics)})")
         self.stats_dir = options.get("statsDir") or None
         self.clock_file = options.get("clockFile") or None
+        self._late_clocks, self._late_clock_said = 0, 0.0  # plans the driver's clock was late for
         self.starting = parse_starting_offsets(options.get("startingOffsets"), list(self.topics))
         self.control_dir = Path(options["controlDir"]) if options.get("controlDir") else None
         self.auth_token = options.get("authToken") or None
@@ -345,9 +346,21 @@ class PulsarStreamReader(DataSourceStreamReader):
         clock = clk.wait_for_clock(self.clock_file, start, CLOCK_WAIT_S)
         if clock is None:
             return False
+        if clock.through is not None and clock.through != start:
+            self._say_late_clock()
         clk.with_facts(end, clock, self.changelogs)
         moved = clk.clock_ms(clk.facts_of(end, self.changelogs))
         return moved is not None and moved != clk.clock_ms(clk.facts_of(start, self.changelogs))
+
+    def _say_late_clock(self) -> None:
+        """Warn, at most once a minute, that planning went on without the clock of the batch
+        before (each such plan waited CLOCK_WAIT_S, and its watermark moves a batch later)."""
+        self._late_clocks += 1
+        now = time.monotonic()
+        if now - self._late_clock_said >= 60:
+            log.warning("the event-time clock file %s had not taken in the last batch after %.0f s (%d plans so far); "
+                        "is the job's event-clock listener running?", self.clock_file, CLOCK_WAIT_S, self._late_clocks)
+            self._late_clock_said = now
 
     def _apply_replay_requests(self, offset: dict) -> dict:
         """Switch a changelog topic to a new generation when a newer replay request exists."""
