@@ -47,26 +47,29 @@ def unique_topics() -> Callable[[], dict[str, str]]:
     return make
 
 
-@pytest.fixture
-def settings_factory(tmp_path, broker, unique_topics) -> Callable[..., Settings]:
-    """Settings on a fresh data dir, the shared broker and fresh topics; keyword overrides use '__' for '.'."""
+def _settings_maker(tmp_path, unique_topics, broker_values: dict) -> Callable[..., Settings]:
+    """Settings on a fresh data dir and fresh topics of a broker; keyword overrides use '__' for '.'."""
 
     def make(**overrides) -> Settings:
         topics = unique_topics()
         values = {
-            "pulsar.service_url": broker.service_url,
+            **broker_values,
             "paths.data_dir": str(tmp_path / f"data{next(_counter)}"),
             "spark.master": "local[2]",
             "job.trigger_interval": "500ms",
             "job.restart.delay": "1s",
-            "topics.users": topics["users"],
-            "topics.items": topics["items"],
-            "topics.orders": topics["orders"],
+            **{f"topics.{kind}": name for kind, name in topics.items()},
         }
         values.update({k.replace("__", "."): v for k, v in overrides.items()})
         return load_settings(env={}, cli=values)
 
     return make
+
+
+@pytest.fixture
+def settings_factory(tmp_path, broker, unique_topics) -> Callable[..., Settings]:
+    """Settings on a fresh data dir, the shared broker and fresh topics; keyword overrides use '__' for '.'."""
+    return _settings_maker(tmp_path, unique_topics, {"pulsar.service_url": broker.service_url})
 
 
 @pytest.fixture(scope="session")
@@ -95,21 +98,5 @@ def apache_pulsar(tmp_path_factory):
 @pytest.fixture
 def apache_settings_factory(tmp_path, apache_pulsar, unique_topics) -> Callable[..., Settings]:
     """Settings as ``settings_factory`` gives, on the Apache Pulsar broker and its admin API."""
-
-    def make(**overrides) -> Settings:
-        topics = unique_topics()
-        values = {
-            "pulsar.service_url": apache_pulsar.service_url,
-            "pulsar.admin_url": apache_pulsar.admin_url,
-            "paths.data_dir": str(tmp_path / f"data{next(_counter)}"),
-            "spark.master": "local[2]",
-            "job.trigger_interval": "500ms",
-            "job.restart.delay": "1s",
-            "topics.users": topics["users"],
-            "topics.items": topics["items"],
-            "topics.orders": topics["orders"],
-        }
-        values.update({k.replace("__", "."): v for k, v in overrides.items()})
-        return load_settings(env={}, cli=values)
-
-    return make
+    return _settings_maker(tmp_path, unique_topics, {"pulsar.service_url": apache_pulsar.service_url,
+                                                      "pulsar.admin_url": apache_pulsar.admin_url})
