@@ -52,23 +52,41 @@ def acquire_job_lock(settings: Settings, holder: str = "job") -> JobLock:
     data_dir = store.ensure_data_dir(settings.data_dir)
     path = store.job_lock_path(data_dir)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = take_named_lock(path, 0o644, PROBE_GRACE_S, holder)
+    except LockHeld as held:
+        raise ControlError(f"a job already runs on data dir {str(data_dir)!r} (lock {str(path)!r} held by "
+                           f"{held.owner}); stop it first or use another data dir") from None
     except OSError as exc:
-        raise ControlError(f"cannot open the job lock {str(path)!r}: {exc.strerror or exc}") from exc
+        raise ControlError(f"cannot lock {str(path)!r}: {exc.strerror or exc}") from exc
+    return JobLock(fd, path)
+
+
+class LockHeld(Exception):
+    """Another process holds the lock; ``owner`` is what it wrote in the file."""
+
+    def __init__(self, owner: str):
+        super().__init__(owner)
+        self.owner = owner
+
+
+def take_named_lock(path: Path, mode: int, grace_s: float | None, holder: str | None = None) -> int:
+    """An exclusive ``flock`` on ``path`` (created with ``mode``), waiting ``grace_s`` for it, with
+    ``pid N (holder)`` written in the file for whoever finds it taken: the descriptor (close it to
+    release). LockHeld when another holds it; OSError when the file cannot be opened or locked."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, mode)
     try:
-        _flock_within(fd, fcntl.LOCK_EX, PROBE_GRACE_S)
+        _flock_within(fd, fcntl.LOCK_EX, grace_s)
     except OSError as exc:
         try:
             owner = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
         finally:
             os.close(fd)
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            raise ControlError(f"a job already runs on data dir {str(data_dir)!r} (lock {str(path)!r} held by "
-                               f"{owner}); stop it first or use another data dir") from None
-        raise ControlError(f"cannot lock {str(path)!r}: {exc.strerror or exc}") from exc
+            raise LockHeld(owner) from None
+        raise
     os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()} ({holder})\n".encode(), 0)
-    return JobLock(fd, path)
+    os.pwrite(fd, f"pid {os.getpid()}{f' ({holder})' if holder else ''}\n".encode(), 0)
+    return fd
 
 
 def job_is_running(settings: Settings) -> bool:

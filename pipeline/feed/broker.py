@@ -22,7 +22,6 @@ process uses, and the broker never outlives its last user.
 from __future__ import annotations
 
 import ctypes
-import errno
 import fcntl
 import json
 import os
@@ -125,23 +124,16 @@ class EmbeddedBroker:
 
     def _lock(self) -> None:
         """Take ``broker.lock`` without waiting: a BrokerError if a broker runs on these files."""
+        from pipeline.control.lock import LockHeld, take_named_lock
+
         path = self.broker_dir / BROKER_LOCK
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self.lock_fd = take_named_lock(path, 0o600, 0.0)
+        except LockHeld as held:
+            raise BrokerError(f"an embedded broker already runs on {str(self.broker_dir)!r} (lock {str(path)!r} "
+                              f"held by {held.owner}); use it, or stop it first") from None
         except OSError as exc:
-            raise BrokerError(f"cannot open the broker lock {str(path)!r}: {exc.strerror or exc}") from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise BrokerError(f"an embedded broker already runs on {str(self.broker_dir)!r} (lock {str(path)!r} "
-                                  f"held by {holder}); use it, or stop it first") from None
             raise BrokerError(f"cannot lock {str(path)!r}: {exc.strerror or exc}") from exc
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()}\n".encode(), 0)
-        self.lock_fd = fd
 
     def _start(self, binary: Path, config: Path, timeout: float) -> "EmbeddedBroker":
         try:
