@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from pathlib import Path
 
+import duckdb
 import pulsar
+
+from app.sql_queries import current_result
+from pipeline.sql.runner import run_sql_pipeline
 
 SQL_DIR = Path(__file__).resolve().parent.parent / "data" / "sql"
 COUNT_SQL = SQL_DIR / "user_count_by_account.sql"
@@ -46,3 +51,41 @@ def latest_per_key(messages: list[tuple[str, str]]) -> dict[str, dict]:
     for key, payload in messages:
         table[key] = payload
     return {key: json.loads(payload) for key, payload in table.items() if payload}
+
+
+class Running:
+    """A pipeline on the shared SparkSession in a thread; stopped (and its error re-raised) on exit."""
+
+    def __init__(self, settings, plan, name, spark):
+        self.stop, self.error = threading.Event(), []
+        self.thread = threading.Thread(target=self._run, args=(settings, plan, name, spark), daemon=True)
+
+    def _run(self, settings, plan, name, spark):
+        try:
+            run_sql_pipeline(settings, plan, name, stop=self.stop, spark=spark)
+        except BaseException as exc:  # handed to the test thread
+            self.error.append(exc)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def result(self, settings, name: str) -> list[dict]:
+        """The current result; the pipeline's own error, at once, if it stopped."""
+        if self.error:
+            raise self.error[0]
+        return result(settings, name)
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(60)
+        assert not self.thread.is_alive(), "the SQL pipeline did not stop"
+        if self.error and not exc[0]:
+            raise self.error[0]
+
+
+def result(settings, name: str) -> list[dict]:
+    """The current result as records, SQL NULL as None (pandas reads a null double as NaN)."""
+    with duckdb.connect() as con:
+        frame = current_result(con, settings.data_dir, name)
+    return frame.astype(object).where(frame.notna(), None).to_dict("records")

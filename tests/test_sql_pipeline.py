@@ -6,59 +6,19 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 
 import duckdb
 import pytest
 
-from app.sql_queries import current_result, dead_letters, list_pipelines, pipeline_totals, result_changes
+from app.sql_queries import dead_letters, list_pipelines, pipeline_totals, result_changes
 from factories import publish
 from jobproc import cli_args
 from pipeline.feed.broker import die_with_parent
 from pipeline.sql.plan import build_plan
-from pipeline.sql.runner import run_sql_pipeline
-from sqlhelp import COUNT_SQL, JOIN_SQL, fresh_topics, latest_per_key, message, read_topic
+from sqlhelp import COUNT_SQL, JOIN_SQL, Running, fresh_topics, latest_per_key, message, read_topic, result
 from waiting import wait_for
 
 pytestmark = pytest.mark.e2e
-
-
-class Running:
-    """A pipeline on the shared SparkSession in a thread; stopped (and its error re-raised) on exit."""
-
-    def __init__(self, settings, plan, name, spark):
-        self.stop, self.error = threading.Event(), []
-        self.thread = threading.Thread(target=self._run, args=(settings, plan, name, spark), daemon=True)
-
-    def _run(self, settings, plan, name, spark):
-        try:
-            run_sql_pipeline(settings, plan, name, stop=self.stop, spark=spark)
-        except BaseException as exc:  # handed to the test thread
-            self.error.append(exc)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def result(self, settings, name: str) -> list[dict]:
-        """The current result; the pipeline's own error, at once, if it stopped."""
-        if self.error:
-            raise self.error[0]
-        return result(settings, name)
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join(60)
-        assert not self.thread.is_alive(), "the SQL pipeline did not stop"
-        if self.error and not exc[0]:
-            raise self.error[0]
-
-
-def result(settings, name: str) -> list[dict]:
-    """The current result as records, SQL NULL as None (pandas reads a null double as NaN)."""
-    with duckdb.connect() as con:
-        frame = current_result(con, settings.data_dir, name)
-    return frame.astype(object).where(frame.notna(), None).to_dict("records")
 
 
 class PipelineProcess:

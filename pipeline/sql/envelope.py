@@ -23,16 +23,12 @@ from __future__ import annotations
 import json
 
 from pipeline import wire
-from pipeline.sql.plan import Plan
+from pipeline.sql.plan import Plan, field_name
 
 INT_RANGE = {"int": (-2**31, 2**31 - 1), "bigint": (-2**63, 2**63 - 1)}
 BASE_FIELDS = [("key", "string"), ("side", "int"), ("op", "string"), ("source_partition", "int"),
                ("position", "bigint"), ("source_topic", "string"), ("source_message_id", "string"),
                ("payload", "string"), ("error", "string"), ("published_ms", "bigint")]
-
-
-def field_name(side: int, column: str) -> str:
-    return f"s{side}_{column}"
 
 
 def used_columns(plan: Plan) -> list[tuple[int, str]]:
@@ -46,6 +42,7 @@ def used_columns(plan: Plan) -> list[tuple[int, str]]:
     used += [(0, column) for column in plan.group_by]
     # A joined table's key too, so that a side none of whose columns is selected still has state.
     used += [(side, table.primary_key) for side, table in enumerate(plan.sides) if side]
+    used += list(plan.reads)  # the columns WHERE and the expressions read
     seen, result = set(), []
     for side, column in used:
         if (side, column.lower()) not in seen:

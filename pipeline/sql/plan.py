@@ -12,37 +12,40 @@ The supported subset (DESIGN.md §11):
   deletes the key. Payload types: STRING/VARCHAR/CHAR, INT/INTEGER/SMALLINT/TINYINT, BIGINT,
   DOUBLE/FLOAT/DECIMAL, BOOLEAN.
 - one ``INSERT INTO target (cols) SELECT …`` of one of two shapes:
-  - ``SELECT g…, COUNT(1|*|col) | SUM(col) | MIN(col) | MAX(col) [AS x] … FROM t GROUP BY g…``
-    (the target's primary key is a group column);
-  - ``SELECT cols FROM t [a] [LEFT JOIN t2 [b] ON a.pk = b.pk]…`` (every join on the two
-    tables' primary keys; the target's primary key is the driving table's).
+  - ``SELECT g…, COUNT(1|*|x) | SUM(x) | MIN(x) | MAX(x) | AVG(x) | expressions of them … FROM t
+    [WHERE …] GROUP BY g… [HAVING …]`` (the target's primary key is the group column, or one
+    expression of every group column);
+  - ``SELECT expressions FROM t [a] [LEFT JOIN t2 [b] ON a.pk = b.pk]… [WHERE …]`` (every join on
+    the two tables' primary keys; WHERE on the driving table's columns; the target's primary key
+    is the driving table's).
+  Expressions are translated to Spark SQL (pipeline/sql/expressions.py, pipeline/sql/select.py)
+  and typed: a value that does not fit its target column is refused here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import sqlglot
 from sqlglot import exp
 
-from pipeline.errors import StatefulStreamsError
 from pipeline.sql.dialect import Flink, MetadataColumnConstraint
+from pipeline.sql.expressions import PAYLOAD_TYPES, SUPPORTED_TYPES, UnsupportedSql
 
-# Declared SQL type -> the envelope's Spark type.
-PAYLOAD_TYPES = {
-    "TEXT": "string", "VARCHAR": "string", "CHAR": "string", "NCHAR": "string", "NVARCHAR": "string",
-    "INT": "int", "SMALLINT": "int", "TINYINT": "int", "BIGINT": "bigint",
-    "DOUBLE": "double", "FLOAT": "double", "DECIMAL": "double", "BOOLEAN": "boolean",
-}
-SUPPORTED_TYPES = "STRING, VARCHAR, CHAR, INT, SMALLINT, TINYINT, BIGINT, DOUBLE, FLOAT, DECIMAL, BOOLEAN"
+if TYPE_CHECKING:
+    from pipeline.sql.select import AggregateCall, Derived
+
 AGGREGATES = {exp.Count: "COUNT", exp.Sum: "SUM", exp.Min: "MIN", exp.Max: "MAX"}
 REQUIRED_OPTIONS = {"connector": "upsert-pulsar", "key.format": "raw", "value.format": "json"}
-SHAPES = ("SELECT … FROM t GROUP BY … with COUNT, SUM, MIN, MAX; "
-          "or SELECT … FROM t LEFT JOIN t2 ON t.pk = t2.pk …")
+SHAPES = ("SELECT … FROM t [WHERE …] GROUP BY … [HAVING …] with COUNT, SUM, MIN, MAX, AVG; "
+          "or SELECT … FROM t [LEFT JOIN t2 ON t.pk = t2.pk …] [WHERE …]")
+__all__ = ["UnsupportedSql", "build_plan", "Plan", "Table", "Column", "Output", "field_name", "resolve_column"]
 
 
-class UnsupportedSql(StatefulStreamsError):
-    """A statement outside the supported subset; the message names the clause."""
+def field_name(side: int, column: str) -> str:
+    """The envelope's column of a table's column: ``s<side>_<column>``."""
+    return f"s{side}_{column}"
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,9 @@ class Output:
     column: str | None  # its column in that table
     aggregate: str | None = None  # COUNT, SUM, MIN, MAX
     argument: str | None = None  # the aggregate's column (None: COUNT(*) / COUNT(1))
+    expression: str | None = None  # anything else: Spark SQL over the query's output columns
+    spark_type: str | None = None  # the expression's type
+    fields: tuple[str, ...] = ()  # in an aggregate: the group and aggregate columns it reads
 
 
 @dataclass(frozen=True)
@@ -92,8 +98,15 @@ class Plan:
     sides: tuple[Table, ...]
     target: Table
     outputs: tuple[Output, ...]
-    group_by: tuple[str, ...]  # columns of sides[0] (aggregate only)
+    group_by: tuple[str, ...]  # plain GROUP BY columns of sides[0] (aggregate only)
     statements: tuple[str, ...]
+    where: str | None = None  # Spark SQL over the driving table's envelope columns, before the operators
+    having: str | None = None  # Spark SQL over GroupAggregate's output
+    derived: tuple["Derived", ...] = ()  # columns computed on the driving table's rows
+    aggregates: tuple["AggregateCall", ...] = ()  # what GroupAggregate computes
+    group_fields: tuple[str, ...] = ()  # every group's envelope column (s0_x or d<n>)
+    reads: tuple[tuple[int, str], ...] = ()  # (side, column) the expressions read
+    group_labels: tuple[str, ...] = ()  # the GROUP BY items as written
 
     @property
     def key_output(self) -> Output:
@@ -198,14 +211,15 @@ def build_table(create: exp.Create, topic_map: dict[str, str]) -> Table:
 
 
 def build_query(insert: exp.Insert, tables: dict[str, Table], statements: tuple[str, ...]) -> Plan:
+    from pipeline.sql.select import Query
     target = _table(tables, insert.this.this.name if isinstance(insert.this, exp.Schema) else insert.this.name, "INSERT INTO")
     names = [i.name for i in insert.this.expressions] if isinstance(insert.this, exp.Schema) else [
         c.name for c in target.payload_columns]
     select = insert.expression
     if not isinstance(select, exp.Select):
         raise UnsupportedSql(f"INSERT INTO {target.name} {select.key.upper()} is not supported; supported: {SHAPES}")
-    for clause, words in (("where", "WHERE"), ("having", "HAVING"), ("order", "ORDER BY"), ("limit", "LIMIT"),
-                          ("qualify", "QUALIFY"), ("distinct", "DISTINCT"), ("with_", "WITH")):
+    for clause, words in (("order", "ORDER BY"), ("limit", "LIMIT"), ("qualify", "QUALIFY"), ("distinct", "DISTINCT"),
+                          ("with_", "WITH")):
         if select.args.get(clause):
             raise UnsupportedSql(f"{words} is not supported in INSERT INTO {target.name}; supported: {SHAPES}")
     for name in names:
@@ -230,31 +244,21 @@ def build_query(insert: exp.Insert, tables: dict[str, Table], statements: tuple[
     group = select.args.get("group")
     if group and len(sides) > 1:
         raise UnsupportedSql("GROUP BY over a JOIN is not supported; supported: GROUP BY over one table, or LEFT JOINs without GROUP BY")
-    group_by = tuple(_column(g, sides, aliases, "GROUP BY")[1] for g in group.expressions) if group else ()
-    outputs = []
-    for name, expression in zip(names, select.expressions):
-        inner = expression.this if isinstance(expression, exp.Alias) else expression
-        if type(inner) in AGGREGATES:
-            if not group:
-                raise UnsupportedSql(f"{inner.sql(dialect=Flink)} without GROUP BY is not supported; supported: {SHAPES}")
-            argument = inner.this
-            if isinstance(argument, (exp.Star, exp.Literal)) and type(inner) is exp.Count:
-                column = None
-            elif isinstance(argument, exp.Column):
-                column = _column(argument, sides, aliases, AGGREGATES[type(inner)])[1]
-            else:
-                raise UnsupportedSql(f"{inner.sql(dialect=Flink)} is not supported; supported: COUNT(1), COUNT(*), "
-                                     "COUNT(col), SUM(col), MIN(col), MAX(col)")
-            outputs.append(Output(name, None, None, AGGREGATES[type(inner)], column))
-        elif isinstance(inner, exp.Column):
-            side, column = _column(inner, sides, aliases, "SELECT")
-            if group and column.lower() not in [g.lower() for g in group_by]:
-                raise UnsupportedSql(f"SELECT column {inner.sql(dialect=Flink)!r} is neither grouped nor aggregated")
-            outputs.append(Output(name, side, column))
-        else:
-            raise UnsupportedSql(f"SELECT expression {inner.sql(dialect=Flink)!r} is not supported; supported: "
-                                 "columns and COUNT, SUM, MIN, MAX")
-    plan = Plan("aggregate" if group else "join", tuple(sides), target, tuple(outputs), group_by, statements)
+    query = Query(sides, aliases)
+    where = select.args.get("where")
+    where_sql = query.condition(where.this, "WHERE", query.row_scope("WHERE", driving_only=True)) if where else None
+    having = select.args.get("having")
+    if having and not group:
+        raise UnsupportedSql(f"HAVING without GROUP BY is not supported in INSERT INTO {target.name}; supported: {SHAPES}")
+    if group:
+        outputs = query.aggregate_outputs(names, select.expressions, group.expressions)
+        having_sql = query.condition(having.this, "HAVING", query.aggregate_scope("HAVING")) if having else None
+    else:
+        outputs, having_sql = query.row_outputs(names, select.expressions), None
+    plan = Plan("aggregate" if group else "join", tuple(sides), target, tuple(outputs), tuple(query.group_by), statements,
+                where=where_sql, having=having_sql, derived=tuple(query.derived), aggregates=tuple(query.aggregates),
+                group_fields=tuple(query.group_fields), reads=tuple(query.reads),
+                group_labels=tuple(g.sql(dialect=Flink) for g in (group.expressions if group else [])))
     _check_key(plan)
     _check_types(plan)
     return plan
@@ -268,6 +272,8 @@ HOLDS = {"string": {"string"}, "boolean": {"boolean"}, "int": {"int"}, "bigint":
 def output_type(plan: Plan, output: Output) -> str:
     """The Spark type of what fills one target column: a column's own, COUNT's bigint, SUM's
     bigint (of whole numbers) or double, MIN's and MAX's their column's."""
+    if output.expression is not None:
+        return output.spark_type
     if output.aggregate == "COUNT":
         return "bigint"
     source = plan.sides[0 if output.aggregate else output.side].column(output.argument or output.column).spark_type
@@ -282,10 +288,11 @@ def _check_types(plan: Plan) -> None:
     for output in plan.outputs:
         target = plan.target.column(output.name)
         given = output_type(plan, output)
-        if given not in HOLDS.get(target.spark_type or "", set()):
-            source = f"{output.aggregate}(…)" if output.aggregate else output.column
+        if given != "null" and given not in HOLDS.get(target.spark_type or "", set()):
+            source = (f"{output.aggregate}(…)" if output.aggregate else output.column if output.expression is None
+                      else "its expression")
             raise UnsupportedSql(f"INSERT INTO {plan.target.name}: column {target.name!r} is {target.sql_type} but "
-                                 f"{source} gives {given.upper()}; CAST is not supported yet, so declare the target "
+                                 f"{source} gives {given.upper()}; CAST it to {target.sql_type}, or declare the target "
                                  f"column as {given.upper()}")
 
 
@@ -295,7 +302,7 @@ def _table(tables: dict[str, Table], name: str, clause: str) -> Table:
     return tables[name.lower()]
 
 
-def _column(column: exp.Expression, sides: list[Table], aliases: dict[str, int], clause: str) -> tuple[int, str]:
+def resolve_column(column: exp.Expression, sides: list[Table], aliases: dict[str, int], clause: str) -> tuple[int, str]:
     """(side index, column name) of a column reference."""
     if not isinstance(column, exp.Column):
         raise UnsupportedSql(f"{clause} {column.sql(dialect=Flink)!r} is not supported; supported: plain columns")
@@ -330,7 +337,7 @@ def _join(join: exp.Join, tables: dict[str, Table], sides: list[Table], aliases:
     condition = join.args.get("on")
     if not isinstance(condition, exp.EQ):
         raise UnsupportedSql(f"{text.strip()!r}: ON must be one equality of primary keys; supported: LEFT JOIN t ON a.pk = t.pk")
-    ends = sorted((_column(condition.this, sides, scope, "ON"), _column(condition.expression, sides, scope, "ON")))
+    ends = sorted((resolve_column(condition.this, sides, scope, "ON"), resolve_column(condition.expression, sides, scope, "ON")))
     (left, left_col), (right, right_col) = ends
     if left != 0 or right != index or left_col.lower() != sides[0].primary_key.lower() \
             or right_col.lower() != table.primary_key.lower():
@@ -342,10 +349,14 @@ def _join(join: exp.Join, tables: dict[str, Table], sides: list[Table], aliases:
 def _check_key(plan: Plan) -> None:
     key = next((o for o in plan.outputs if o.name.lower() == plan.target.primary_key.lower()), None)
     if plan.kind == "aggregate":
-        ok = key is not None and key.aggregate is None and len(plan.group_by) == 1 and key.column == plan.group_by[0]
-        wanted = f"the GROUP BY column ({', '.join(plan.group_by)})"
+        # each group one key: a group column, or one expression of every group column
+        ok = key is not None and key.aggregate is None and set(key.fields) == set(plan.group_fields)
+        labels = ", ".join(plan.group_labels)
+        wanted = (f"the GROUP BY column ({labels})" if len(plan.group_fields) == 1 else
+                  f"the GROUP BY columns ({labels}), all in one value such as CONCAT(a, ':', b)")
     else:
-        ok = key is not None and key.side == 0 and key.column.lower() == plan.sides[0].primary_key.lower()
+        ok = (key is not None and key.expression is None and key.side == 0
+              and key.column.lower() == plan.sides[0].primary_key.lower())
         wanted = f"{plan.sides[0].name}.{plan.sides[0].primary_key}"
     if not ok:
         raise UnsupportedSql(f"INSERT INTO {plan.target.name}: its PRIMARY KEY {plan.target.primary_key!r} must be "

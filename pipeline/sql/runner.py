@@ -2,8 +2,9 @@
 
 ``python -m pipeline sql FILE.sql [--name NAME]`` calls :func:`run_sql_pipeline`. The query::
 
-    pulsar source (one kind per table) ─ mapInArrow(envelope) ─ UpsertJoin (keyed by primary key)
-      [─ GroupAggregate (keyed by group) for GROUP BY] ─ foreachBatch(topic + Parquet sinks)
+    pulsar source (one kind per table) ─ mapInArrow(envelope) ─ [Spark: derived columns, WHERE]
+      ─ UpsertJoin (keyed by primary key) [─ GroupAggregate (keyed by group) for GROUP BY ─ Spark: HAVING]
+      ─ Spark: SELECT expressions ─ foreachBatch(topic + Parquet sinks)
 
 Everything of a pipeline lives under ``<data_dir>/sql/<name>/`` (pipeline/store.py):
 ``checkpoint/``, ``staging/`` and ``sinks/`` (pipeline/sql/sink.py), ``metrics/`` (progress
@@ -30,9 +31,9 @@ from pipeline import store
 from pipeline.config import Settings
 from pipeline.errors import ConfigError, ControlError, StatefulStreamsError
 from pipeline.runtime.freed_memory import give_back_freed_memory
-from pipeline.metrics import MetricsStore
-from pipeline.sinks import last_committed_batch
-from pipeline.sql.envelope import envelope_ddl, make_parser, used_columns, field_name
+from pipeline.metrics import MetricsStore, prune_old_days
+from pipeline.sinks import SinkMaintenance, last_committed_batch
+from pipeline.sql.envelope import envelope_ddl, field_name, make_parser, used_columns
 from pipeline.sql.plan import Plan
 from pipeline.sql.progress import build_sql_progress_row
 from pipeline.sql.sink import (SqlSinkWriter, build_dead_letters, build_messages, build_result, send_messages,
@@ -57,8 +58,14 @@ def name_from_path(path: str) -> str:
 
 def plan_fingerprint(plan: Plan) -> str:
     """Changes when the state layout would: the tables' used columns and the query's outputs."""
-    text = json.dumps([used_columns(plan), [o.__dict__ for o in plan.outputs], plan.kind, plan.group_by,
-                       [t.name for t in plan.sides]], default=str)
+    old = ("name", "side", "column", "aggregate", "argument")  # what a plan held before expressions
+    parts = [used_columns(plan), [{k: o.__dict__[k] for k in old} for o in plan.outputs], plan.kind, plan.group_by,
+             [t.name for t in plan.sides]]
+    computed = [plan.where, plan.having, [d.__dict__ for d in plan.derived], [a.__dict__ for a in plan.aggregates],
+                list(plan.group_fields), [o.expression for o in plan.outputs]]
+    if plan.where or plan.having or plan.derived or any(o.expression for o in plan.outputs) or len(plan.group_fields) > 1:
+        parts.append(computed)  # a plan of plain columns and aggregates keeps the fingerprint it had
+    text = json.dumps(parts, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -93,32 +100,56 @@ def lock_pipeline(root: Path, name: str) -> int:
 
 
 def apply_operators(rows, plan: Plan):
-    """The envelope rows through UpsertJoin (and GroupAggregate for GROUP BY), on the JVM.
+    """The envelope rows through UpsertJoin (and GroupAggregate for GROUP BY), on the JVM, with
+    Spark evaluating WHERE, the derived columns, HAVING and the SELECT expressions around them.
 
     # in:  {"key": "100-1", "side": 0, "op": "upsert", "s0_accountId": "100", …}
-    # out (join):      {"key": "100-1", "op": "after"|"delete"|"dead", "s0_accountId": "100", "s1_favoriteColor": …}
-    # out (aggregate): {"op": "upsert"|"delete"|"dead", "s0_accountId": "100", "agg1": 2, …}
+    # out (join):      {"key": "100-1", "op": "after"|"delete"|"dead", "s0_accountId": "100", "s1_favoriteColor": …, "out<i>": …}
+    # out (aggregate): {"op": "upsert"|"delete"|"dead", "s0_accountId": "100", "agg1": 2, …, "out<i>": …}
     """
     from pyspark.sql import DataFrame
     from pyspark.sql import functions as F
 
     spark = rows.sparkSession
     jvm = spark._jvm.statefulstreams
+    rows = apply_where(rows, plan)
     used = used_columns(plan)
     sides = [[field_name(s, c) for s, c in used if s == side] for side in range(len(plan.sides))]
+    sides[0] += [d.name for d in plan.derived]  # kept in UpsertJoin's state with the row they came from
     aggregate = plan.kind == "aggregate"
     join = (jvm.JoinSpec().key("key").side("side").op("op").sides(sides)
             .readOrder(["source_partition", "position"]).emitBefore(aggregate))
     out = DataFrame(jvm.UpsertJoin.apply(rows._jdf, join), spark)
-    if not aggregate:
-        return out
-    groups = [field_name(0, column) for column in plan.group_by]
-    out = out.withColumn("group_key", F.to_json(F.array(*[F.col(g).cast("string") for g in groups])))
-    spec = jvm.AggregateSpec().groupKey("group_key").member("key").op("op").groups(groups)
-    for i, o in enumerate(plan.outputs):
-        if o.aggregate:
-            spec.aggregate(o.aggregate, field_name(0, o.argument) if o.argument else "", f"agg{i}")
-    return DataFrame(jvm.GroupAggregate.apply(out._jdf, spec), spark)
+    if aggregate:
+        groups = list(plan.group_fields) or [field_name(0, column) for column in plan.group_by]
+        out = out.withColumn("group_key", F.to_json(F.array(*[F.col(g).cast("string") for g in groups])))
+        spec = jvm.AggregateSpec().groupKey("group_key").member("key").op("op").groups(groups)
+        for call in plan.aggregates:
+            spec.aggregate(call.function, call.input, call.name)
+        out = DataFrame(jvm.GroupAggregate.apply(out._jdf, spec), spark)
+        if plan.having:
+            # a group that stops passing HAVING is deleted (a group that never passed gets a tombstone too)
+            out = out.withColumn("op", F.expr(f"CASE WHEN op = 'upsert' AND NOT coalesce({plan.having}, FALSE) "
+                                              "THEN 'delete' ELSE op END"))
+    computed = [F.expr(f"TRY_CAST({o.expression} AS {o.spark_type.upper() if o.spark_type != 'null' else 'STRING'})")
+                .alias(f"out{i}") for i, o in enumerate(plan.outputs) if o.expression]
+    return out.select("*", *computed) if computed else out
+
+
+def apply_where(rows, plan: Plan):
+    """The driving table's derived columns, and WHERE as Flink means it on an upsert table: a row
+    that does not match is deleted (its earlier result retracted), one that matches is upserted.
+
+    # {"key": "100-1", "side": 0, "op": "upsert" → "delete" when WHERE is not TRUE, "d0": …}
+    """
+    from pyspark.sql import functions as F
+
+    if plan.derived:
+        rows = rows.select("*", *[F.expr(d.sql).alias(d.name) for d in plan.derived])
+    if plan.where:
+        rows = rows.withColumn("op", F.expr(f"CASE WHEN op = 'upsert' AND side = 0 AND NOT coalesce({plan.where}, FALSE) "
+                                            "THEN 'delete' ELSE op END"))
+    return rows
 
 
 def build_query(spark, settings: Settings, plan: Plan, name: str, service_url: str, writer: SqlSinkWriter, producer,
@@ -179,6 +210,14 @@ def make_listener(query_name: str, metrics: MetricsStore, writer: SqlSinkWriter,
     return SqlListener()
 
 
+def start_maintenance(settings: Settings, root: Path, writer: SqlSinkWriter, record) -> SinkMaintenance:
+    """The pipeline's maintenance thread, as the job's (pipeline/job.py): every
+    ``sinks.compact_interval`` its two tables are compacted and vacuumed, and its metrics day
+    files (``<root>/metrics/``) past ``metrics.retention`` removed; each round is an event."""
+    return SinkMaintenance(writer, root, settings["sinks.compact_interval"], settings["sinks.vacuum_retention"], record,
+                           prune=lambda: prune_old_days(root, settings["metrics.retention"])).start()
+
+
 def run_sql_pipeline(settings: Settings, plan: Plan, name: str, max_batches: int = 0,
                      stop: threading.Event | None = None, spark=None) -> None:
     """Run the pipeline until stopped (``stop``, Ctrl-C / SIGTERM), ``max_batches`` are done, or it fails for good."""
@@ -191,7 +230,7 @@ def run_sql_pipeline(settings: Settings, plan: Plan, name: str, max_batches: int
     with _DATA_DIR_CHECK:
         root = store.sql_dir(store.ensure_data_dir(settings.data_dir), name)
     fd = lock_pipeline(root, name)
-    own_broker = client = listener = None
+    own_broker = client = listener = maintenance = None
     try:
         check_checkpoint(root, plan, name)
         (root / PIPELINE_FILE).write_text(json.dumps(describe_pipeline(plan, name), indent=2) + "\n")
@@ -219,6 +258,7 @@ def run_sql_pipeline(settings: Settings, plan: Plan, name: str, max_batches: int
         spark.streams.addListener(listener)
         metrics.event("sql_started", f"SQL pipeline {name!r} started: {plan.kind} into {plan.target.topic}",
                       sources={t.name: t.topic for t in plan.sides})
+        maintenance = start_maintenance(settings, root, writer, metrics.event)
         lifecycle = Lifecycle(f"SQL pipeline {name!r}", "sql_failed", "sql_stopped", SqlPipelineFailed)
         supervisor = Supervisor(lifecycle, stop, settings["job.restart.attempts"], settings["job.restart.delay"],
                                 metrics.event, root)
@@ -229,6 +269,8 @@ def run_sql_pipeline(settings: Settings, plan: Plan, name: str, max_batches: int
 
         supervisor.run(start, committed=lambda: last_committed_batch(checkpoint), failure=lambda: writer.failure)
     finally:
+        if maintenance is not None:
+            maintenance.stop()
         if listener is not None:
             deliver_pending_events(spark)  # the last batch's progress row, before its listener goes
             spark.streams.removeListener(listener)

@@ -44,6 +44,8 @@ def output_field(plan: Plan, name: str) -> str | None:
     """The query output's column that fills target column ``name`` (None: not inserted, null)."""
     for index, output in enumerate(plan.outputs):
         if output.name.lower() == name.lower():
+            if output.expression is not None:
+                return f"out{index}"
             if output.aggregate:
                 return f"agg{index}"
             return field_name(output.side, output.column)
