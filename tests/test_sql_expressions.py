@@ -161,3 +161,18 @@ def test_the_example_with_where_expressions_avg_and_having_plans():
     assert plan.having == "(`agg1` >= 2)"
     assert [d.sql for d in plan.derived] == ["char_length(trim(BOTH FROM `s0_fullName`))"]
     assert [o.spark_type for o in plan.outputs] == [None, None, "int", "int", "string"]
+
+
+@pytest.mark.parametrize("script, message", [
+    (f"{USERS}\nCREATE VIEW v AS SELECT uid FROM users;", "statement CREATE is not supported; supported: CREATE TABLE"),
+    (f"{USERS}\n{OUT}\nINSERT INTO out (k) SELECT uid FROM users;\nINSERT INTO out (k) SELECT uid FROM users;",
+     "2 INSERT INTO statements; supported: exactly one INSERT INTO … SELECT … per pipeline"),
+    (f"{USERS}\nSET 'table.exec.state.ttl' = '1 h';", "statement SET is not supported"),
+    (f"{USERS.replace('score DOUBLE', 'score DOUBLE, eventTime TIMESTAMP(3) METADATA')}\n{OUT}\n"
+     "INSERT INTO out (k, t) SELECT uid, CAST(eventTime AS STRING) FROM users;",
+     "SELECT 'eventTime' is a METADATA column; supported: payload columns"),
+])
+def test_views_statement_sets_and_metadata_in_a_query_are_refused_in_one_line(script, message):
+    with pytest.raises(UnsupportedSql, match=re.escape(message)) as caught:
+        build_plan(script)
+    assert "\n" not in str(caught.value)
