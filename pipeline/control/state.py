@@ -96,10 +96,14 @@ def inspect_key(spark, checkpoint: Path, lookup: Lookup, key: int) -> KeyState:
         return found
     partition = _partition_of(spark, key, _partitions(spark, checkpoint))
     if is_event_time(checkpoint):
-        # Versions per key (VersionedLookup): the newest one is what a new order would see.
+        # Versions per key (VersionedLookup): the older ones in its list, the newest in its head;
+        # the newest is what a new order would see.
         rows = (_reader(spark, checkpoint, lookup, "versions", batch_id).option("partitionId", partition)
                 .option("flattenCollectionTypes", "true").load().filter(f"key.value = {int(key)}")
                 .select("list_element.*").collect())
+        head = (_reader(spark, checkpoint, lookup, "head", batch_id).option("partitionId", partition).load()
+                .filter(f"key.value = {int(key)}").select("value.*").collect())
+        rows += [row for row in head if row["version_ms"] is not None]
         state_columns = list(lookup.state_columns)
         found.versions = sorted(({"version_ms": row["version_ms"], "tombstone": row["tombstone"],
                                   **{name: row[name] for name in state_columns}} for row in rows),

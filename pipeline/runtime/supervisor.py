@@ -212,7 +212,8 @@ def process_age_s() -> float:
 
 
 CHECKPOINT_LAYOUT = "changelog-lookup-v1"  # what the state in a checkpoint was written by
-EVENT_TIME_LAYOUT = "versioned-lookup-v1"  # enrichment.time = event: versions per key, another state shape
+EVENT_TIME_LAYOUT = "versioned-lookup-v2"  # enrichment.time = event: versions per key, another state shape
+# (v2: the newest version in a head value beside the list of older ones, one timer per key)
 
 
 def check_checkpoint_layout(checkpoint: Path, layout: str = CHECKPOINT_LAYOUT) -> None:

@@ -15,6 +15,7 @@ import org.apache.spark.sql.streaming.StatefulProcessor;
 import org.apache.spark.sql.streaming.TTLConfig;
 import org.apache.spark.sql.streaming.TimeMode;
 import org.apache.spark.sql.streaming.TimerValues;
+import org.apache.spark.sql.streaming.ValueState;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
@@ -34,9 +35,25 @@ import statefulstreams.Rows.Field;
  * watermark per changelog topic and Spark keeps the least of them, so the watermark passes a
  * time only when both changelogs have been read past it (minus their out-of-orderness).
  *
- * <p>State per key, in the RocksDB state store: {@code versions} (ListState: time, read order,
- * tombstone flag and the state columns of each version) and {@code waiting} (ListState, whole
- * order rows), plus event-time timers.
+ * <p>State per key, in the RocksDB state store: {@code head} (ValueState, {@link VersionHead}: the
+ * newest version, and the counts and times that let a call leave the rest unread),
+ * {@code versions} (ListState: the older versions, oldest first: time, read order, tombstone flag
+ * and the state columns) and {@code waiting} (ListState, whole order rows), plus one event-time
+ * timer per key. What a call reads and writes (issue 31: the backlog read 0.61 x processing time
+ * when every call loaded, sorted and rewrote the list):
+ * <ul>
+ *   <li>a version strictly newer than every held one (the usual case) is appended to the list
+ *       (the old newest) and becomes the head; only an older or equal-time version (out of
+ *       order, a replay) loads the list, which is then written back whole;</li>
+ *   <li>an order at or after the newest version reads the head only; an earlier one loads the list;</li>
+ *   <li>the waiting orders are read only when the key has new versions, its timer is due or its
+ *       history is to be pruned; a new waiting order is appended;</li>
+ *   <li>the key's one timer is the least of its waiting orders' due times and the time pruning
+ *       would drop something (prune_at + allowedLateness + maxWait + 1); a replaced timer is
+ *       deleted. A key holding one version has no pruning timer, so a watermark that jumps past
+ *       a backlog fires only the keys with something to drop, and a key whose newest version
+ *       is older than the horizon drops its list unread.</li>
+ * </ul>
  *
  * <p>Call order and guarantees (Spark calls {@code handleInputRows} once per key with input in a
  * batch, then {@code handleExpiredTimer} once per due timer; the watermark is the one of the
@@ -60,10 +77,14 @@ import statefulstreams.Rows.Field;
  *   <li>Otherwise it is decided once the watermark is past its time and, when no record is
  *       current at its time, past its time + maxWait: with the record current at its time, or
  *       the first record within maxWait after it (waited = that version's time - its time), or
- *       missing (waited = maxWait). Until then it waits, with a timer; the orders waiting on a
- *       key are looked at again whenever the key has input.</li>
- *   <li>Versions older than watermark - allowedLateness - maxWait are dropped, except the newest
- *       of them (still current there).</li>
+ *       missing (waited = maxWait). Until then it waits, under the key's timer; the orders
+ *       waiting on a key are looked at again when the key has new versions (one may make an
+ *       order due) and when its timer is due.</li>
+ *   <li>At the end of every batch, each key holds no version older than watermark -
+ *       allowedLateness - maxWait but the newest of them (still current there), and that one
+ *       only if it is a record: pruned in the key's call when it has input, else by its timer.
+ *       So the history is the model's after every batch, whether the key was touched or not
+ *       (which versions a replay re-adds, and which late versions are counted, depend on it).</li>
  * </ol>
  * The decisions are {@code event_rules.VersionedLookupModel} in {@code pipeline/enrich/event_rules.py}.
  */
@@ -83,6 +104,8 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
   private final Field[] versionIdentity;  // tombstone and state: what makes two versions of one time the same
   private transient ListState<Row> versions;
   private transient ListState<Row> waiting;
+  private final VersionHead.Layout headLayout;
+  private transient ValueState<Row> headState;
 
   VersionedLookup(LookupColumns columns, LookupSpec spec) {
     this.columns = columns;
@@ -110,6 +133,7 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
     List<String> identity = new ArrayList<>(List.of("tombstone"));
     identity.addAll(List.of(columns.stateSchema.fieldNames()));
     this.versionIdentity = Field.all(versionSchema, identity);
+    this.headLayout = new VersionHead.Layout(versionSchema);
   }
 
   /**
@@ -129,28 +153,28 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
   public void init(OutputMode outputMode, TimeMode timeMode) {
     versions = getHandle().getListState("versions", Encoders.row(versionSchema), TTLConfig.NONE());
     waiting = getHandle().getListState("waiting", Encoders.row(columns.schema), TTLConfig.NONE());
+    headState = getHandle().getValueState("head", Encoders.row(headLayout.schema), TTLConfig.NONE());
   }
 
   @Override
   public scala.collection.Iterator<Row> handleInputRows(Long key, scala.collection.Iterator<Row> rows,
                                                         TimerValues timerValues) {
     long watermark = Math.max(0L, timerValues.getCurrentWatermarkInMs());
-    List<Row> history = Rows.load(versions);
-    int before = history.size();
+    KeyCall call = new KeyCall(null);
     Rows.Split split = Rows.split(rows, row -> columns.roleOf(row).part);
     List<Row> out = split.passed;
     split.changes.sort(Rows.readOrder(columns.order));  // of one time and one record, the first read is the one kept
+    boolean added = false;
     for (Row row : split.changes) {
       Row version = version(row, columns.roleOf(row) == LookupRole.DELETE);
-      if (holds(history, version)) {
+      if (!call.add(version)) {
         continue;  // a replay re-reads versions already held: one copy each
       }
-      history.add(version);
+      added = true;
       if (versionMs.getLong(version) < watermark - allowedLatenessMs) {
         out.add(Rows.with(row, late, 1L, columns.schema));  // a late version: stored, and emitted once to be counted
       }
     }
-    history.sort(Rows.readOrder(versionOrder));
     List<Row> waits = new ArrayList<>();
     for (Row row : split.lookups) {
       long time = eventMs.getLong(row);
@@ -160,23 +184,18 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
         out.add(decide(judged, null, LookupOutcome.LATE));
       } else if (flag == FUTURE_FLAG) {
         out.add(decide(judged, null, LookupOutcome.FUTURE));
-      } else if (!decideIfDue(judged, history, watermark, out)) {
+      } else if (!decideIfDue(judged, call, watermark, out)) {
         waits.add(judged);
       }
     }
-    registerTimers(waits, history, watermark);
-    if (waiting.exists()) {
-      // Orders already waiting may be due now that the key has new versions, and must be decided
-      // before the history is pruned below (the model decides them in the same batch).
-      List<Row> kept = decideWaiting(history, watermark, out);
-      kept.addAll(waits);
-      Rows.replace(waiting, kept);
-    } else {
-      for (Row row : waits) {
-        waiting.appendValue(row);
-      }
+    // Orders already waiting may be due now that the key has new versions, or by the key's timer
+    // (which finish may replace), and must be decided before the history is pruned (the model
+    // decides them in the same batch). Otherwise they are left unread.
+    if (call.head.waiting > 0 && (added || call.timerDue(watermark) || call.prunable(watermark))) {
+      call.decideWaiting(watermark, out);
     }
-    finish(history, before != history.size(), watermark);
+    call.addWaiting(waits, watermark);
+    call.finish(watermark);
     return CollectionConverters.asScala(out.iterator());
   }
 
@@ -185,26 +204,235 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
                                                            ExpiredTimerInfo expiredTimerInfo) {
     long watermark = Math.max(0L, timerValues.getCurrentWatermarkInMs());
     List<Row> out = new ArrayList<>();
-    List<Row> history = Rows.load(versions);
-    history.sort(Rows.readOrder(versionOrder));
-    if (waiting.exists()) {
-      List<Row> kept = decideWaiting(history, watermark, out);
-      Rows.replace(waiting, kept);
-      registerTimers(kept, history, watermark);
+    KeyCall call = new KeyCall(expiredTimerInfo.getExpiryTimeInMs());
+    if (call.head.waiting > 0) {
+      call.decideWaiting(watermark, out);
     }
-    finish(history, false, watermark);
+    call.finish(watermark);
     return CollectionConverters.asScala(out.iterator());
   }
 
-  /** Decide the waiting orders that are due (adding them to {@code out}); the ones still waiting. */
-  private List<Row> decideWaiting(List<Row> history, long watermark, List<Row> out) {
-    List<Row> kept = new ArrayList<>();
-    for (Row row : Rows.load(waiting)) {
-      if (!decideIfDue(row, history, watermark, out)) {
-        kept.add(row);
+  /**
+   * One call's view of a key: its head, read once; its history (every version, oldest first),
+   * read only when a decision or a pruning needs more than the newest version; and what changed.
+   */
+  private final class KeyCall {
+    final VersionHead head;
+    /** The timer Spark is firing in this call (it removes it itself), or null. */
+    final Long firing;
+    List<Row> history;  // null until loaded
+    int olderLoaded;  // the versions list's length when loaded
+    boolean historyChanged, headChanged;
+
+    KeyCall(Long firing) {
+      this.head = VersionHead.read(headState.get(), headLayout);
+      this.firing = firing;
+      if (firing != null && firing.equals(head.timerMs)) {
+        head.timerMs = null;
+        headChanged = true;
       }
     }
-    return kept;
+
+    /** Every version held, oldest first (the versions list, then the newest), loaded once. */
+    List<Row> history() {
+      if (history == null) {
+        history = head.older > 0 ? Rows.load(versions) : new ArrayList<>();
+        olderLoaded = history.size();
+        if (head.newest != null) {
+          history.add(head.newest);
+        }
+        history.sort(Rows.readOrder(versionOrder));
+      }
+      return history;
+    }
+
+    /**
+     * Add a version unless the key holds it; false when it does. A version strictly newer than
+     * every held one (the usual case) becomes the head's newest and the old newest is appended
+     * to the list, with nothing read.
+     */
+    boolean add(Row version) {
+      Row newest = head.newest;
+      if (history == null && (newest == null || versionMs.getLong(version) > versionMs.getLong(newest))) {
+        if (newest == null) {
+          head.pruneAt = tombstone.getBoolean(version) ? versionMs.getLong(version) : null;
+        } else {
+          versions.appendValue(newest);
+          if (head.older == 0) {  // the old newest is now the first version, the new one the second
+            head.pruneAt = tombstone.getBoolean(newest) ? versionMs.getLong(newest) : versionMs.getLong(version);
+          }
+          head.older++;
+        }
+        head.newest = version;
+        headChanged = true;
+        return true;
+      }
+      List<Row> all = history();
+      if (holds(all, version)) {
+        return false;
+      }
+      all.add(version);
+      all.sort(Rows.readOrder(versionOrder));
+      head.newest = all.get(all.size() - 1);  // the head's newest stays the history's (decideIfDue reads it)
+      historyChanged = true;
+      return true;
+    }
+
+    /** Whether the key's timer is due at {@code watermark} (Spark fires it in this batch). */
+    boolean timerDue(long watermark) {
+      return head.timerMs != null && head.timerMs <= watermark;
+    }
+
+    /** Whether pruning at {@code watermark} would drop something. */
+    boolean prunable(long watermark) {
+      return head.pruneAt != null && head.pruneAt < pruneHorizon(watermark);
+    }
+
+    /** Decide the waiting orders that are due (adding them to {@code out}); keep the others. */
+    void decideWaiting(long watermark, List<Row> out) {
+      List<Row> kept = new ArrayList<>();
+      for (Row row : Rows.load(waiting)) {
+        if (!decideIfDue(row, this, watermark, out)) {
+          kept.add(row);
+        }
+      }
+      if (kept.size() != head.waiting) {
+        Rows.replace(waiting, kept);
+      }
+      head.waiting = kept.size();
+      head.dueMs = null;
+      for (Row row : kept) {
+        head.dueMs = min(head.dueMs, dueAt(eventMs.getLong(row), watermark));
+      }
+      headChanged = true;
+    }
+
+    /** Orders that must wait, appended to the waiting list (nothing read). */
+    void addWaiting(List<Row> waits, long watermark) {
+      for (Row row : waits) {
+        waiting.appendValue(row);
+        head.waiting++;
+        head.dueMs = min(head.dueMs, dueAt(eventMs.getLong(row), watermark));
+        headChanged = true;
+      }
+    }
+
+    /** Prune the history if the watermark allows, store what changed, and set the key's one timer. */
+    void finish(long watermark) {
+      if (historyChanged) {
+        head.pruneAt = pruneAtOf(history);  // an older version added may make something prunable
+      }
+      if (prunable(watermark)) {
+        prune(pruneHorizon(watermark));
+      }
+      if (historyChanged) {
+        storeHistory();
+      }
+      Long wanted = null;
+      if (head.waiting > 0) {
+        // at watermark 0, at 1 as well: the orders are judged against the future horizon there
+        wanted = watermark <= 0 ? min(head.dueMs, 1L) : head.dueMs;
+      }
+      if (head.pruneAt != null) {  // when the horizon passes prune_at, something can go
+        wanted = min(wanted, head.pruneAt + allowedLatenessMs + maxWaitMs + 1);
+      }
+      if (!Objects.equals(wanted, head.timerMs)) {
+        if (head.timerMs != null) {
+          getHandle().deleteTimer(head.timerMs);
+        }
+        if (wanted != null) {
+          getHandle().registerTimer(wanted);
+        }
+        head.timerMs = wanted;
+        headChanged = true;
+      }
+      if (head.isEmpty()) {
+        if (head.existed) {
+          headState.clear();
+        }
+      } else if (headChanged) {
+        headState.update(head.toRow(headLayout));
+      }
+    }
+
+    /**
+     * Versions older than {@code horizon} go, except the newest of them unless it is a tombstone
+     * ({@code event_rules.prune_versions}). When the newest version is older too, the list goes
+     * whole, unread.
+     */
+    void prune(long horizon) {
+      if (history == null && versionMs.getLong(head.newest) < horizon) {
+        if (head.older > 0) {
+          versions.clear();
+          head.older = 0;
+        }
+        if (tombstone.getBoolean(head.newest)) {
+          head.newest = null;
+        }
+        head.pruneAt = null;
+        headChanged = true;
+        return;
+      }
+      List<Row> all = history();
+      int older = 0;
+      while (older < all.size() && versionMs.getLong(all.get(older)) < horizon) {
+        older++;
+      }
+      List<Row> kept = new ArrayList<>();
+      if (older > 0 && !tombstone.getBoolean(all.get(older - 1))) {
+        kept.add(all.get(older - 1));
+      }
+      kept.addAll(all.subList(older, all.size()));
+      history = kept;
+      head.newest = kept.isEmpty() ? null : kept.get(kept.size() - 1);
+      historyChanged = true;
+    }
+
+    /** The loaded history as the list (all but the newest) and the head (the newest, prune_at). */
+    void storeHistory() {
+      int n = history.size();
+      List<Row> older = history.subList(0, Math.max(0, n - 1));
+      if (older.isEmpty()) {
+        if (olderLoaded > 0) {
+          versions.clear();
+        }
+      } else {
+        versions.put(older.toArray(new Row[0]));
+      }
+      head.older = older.size();
+      head.newest = n == 0 ? null : history.get(n - 1);
+      head.pruneAt = pruneAtOf(history);
+      headChanged = true;
+    }
+  }
+
+  /**
+   * The least pruning horizon past which pruning {@code history} (oldest first) drops something:
+   * its first version's time when that is a tombstone, else its second's; null when it has one
+   * record or nothing.
+   */
+  private Long pruneAtOf(List<Row> history) {
+    if (history.isEmpty()) {
+      return null;
+    }
+    if (tombstone.getBoolean(history.get(0))) {
+      return versionMs.getLong(history.get(0));
+    }
+    return history.size() > 1 ? Long.valueOf(versionMs.getLong(history.get(1))) : null;
+  }
+
+  /** Versions older than this go at {@code watermark} ({@code event_rules.prune_horizon}). */
+  private long pruneHorizon(long watermark) {
+    return watermark - allowedLatenessMs - maxWaitMs;
+  }
+
+  /** The watermark at which a waiting order may be due: past its time, or past its time + maxWait once there. */
+  private long dueAt(long time, long watermark) {
+    return watermark <= time ? time + 1 : time + maxWaitMs + 1;
+  }
+
+  private static Long min(Long a, Long b) {
+    return a == null ? b : b == null ? a : Long.valueOf(Math.min(a, b));
   }
 
   /** How an order's time stands at {@code watermark}: late, from the future, or neither. */
@@ -222,9 +450,10 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
 
   /**
    * Decide an order if the watermark allows (adding it to {@code out}): from the future (only an
-   * order first judged at watermark 0 can turn out so here), or due; false if it must wait.
+   * order first judged at watermark 0 can turn out so here), or due; false if it must wait. An
+   * order at or after the newest version, a record, reads nothing but the key's head.
    */
-  private boolean decideIfDue(Row row, List<Row> history, long watermark, List<Row> out) {
+  private boolean decideIfDue(Row row, KeyCall call, long watermark, List<Row> out) {
     long time = eventMs.getLong(row);
     if (isFuture(time, watermark)) {
       out.add(decide(Rows.with(row, late, FUTURE_FLAG, columns.schema), null, LookupOutcome.FUTURE));
@@ -233,6 +462,12 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
     if (watermark <= time) {
       return false;
     }
+    Row newest = call.head.newest;
+    if (newest != null && versionMs.getLong(newest) <= time && !tombstone.getBoolean(newest)) {
+      out.add(decide(row, newest, null));
+      return true;
+    }
+    List<Row> history = call.history();
     Row current = currentAt(history, time);
     if (current != null) {
       out.add(decide(row, current, null));
@@ -262,40 +497,6 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
       current = v;
     }
     return current == null || tombstone.getBoolean(current) ? null : current;
-  }
-
-  /**
-   * One timer per waiting order: past its time, or past its time + maxWait once it is due there;
-   * at watermark 0, one at 1 as well, where the orders are judged against the future horizon.
-   */
-  private void registerTimers(List<Row> waits, List<Row> history, long watermark) {
-    for (Row row : waits) {
-      long time = eventMs.getLong(row);
-      getHandle().registerTimer(watermark <= time ? time + 1 : time + maxWaitMs + 1);
-    }
-    if (watermark <= 0 && !waits.isEmpty()) {
-      getHandle().registerTimer(1L);
-    }
-  }
-
-  /** Prune the history, store it if it changed, and set a timer for the next pruning. */
-  private void finish(List<Row> history, boolean changed, long watermark) {
-    long horizon = watermark - allowedLatenessMs - maxWaitMs;
-    int older = 0;
-    while (older < history.size() && versionMs.getLong(history.get(older)) < horizon) {
-      older++;
-    }
-    List<Row> kept = new ArrayList<>();
-    if (older > 0 && !tombstone.getBoolean(history.get(older - 1))) {
-      kept.add(history.get(older - 1));
-    }
-    kept.addAll(history.subList(older, history.size()));
-    if (changed || kept.size() != history.size()) {
-      Rows.replace(versions, kept);
-    }
-    if (kept.size() > 1) {  // when the watermark passes the newest version, the older ones can go
-      getHandle().registerTimer(versionMs.getLong(kept.get(kept.size() - 1)) + allowedLatenessMs + maxWaitMs + 1);
-    }
   }
 
   /** The version a changelog row makes: its time, its read order, and its record (or a tombstone). */
