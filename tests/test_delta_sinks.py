@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 
 import sinkread
 from waiting import wait_for
 from pipeline import sinks, store
+from pipeline.errors import SinkError
 
 
 def dead_letters(batch_id: int, rows: int = 2, tag: str = "m") -> dict[str, pa.Table]:
@@ -171,3 +174,47 @@ def test_a_restore_finds_its_version_after_the_log_was_cleaned_up(tmp_path):
     writer.rollback(15)  # a savepoint at batch 15: batches 0-9 stay, 20 and 21 go
     assert ids(tmp_path) == sorted(f"m{b}-{i}" for b in range(10) for i in range(2))
     assert writer.committed_batches()["dead_letter"] == 15
+
+
+def missing_states(batch_id: int, rows: int = 2) -> pa.Table:
+    """A batch of ``rows`` missing-state rows (every column null but the ids and batch_id)."""
+    schema = sinks.SCHEMAS["missing_state"]
+    columns = {"invoice_id": pa.array(range(rows), pa.int64()), "batch_id": pa.array([batch_id] * rows, pa.int64()),
+               "source_message_id": pa.array([f"s{batch_id}-{i}" for i in range(rows)])}
+    return pa.Table.from_arrays([columns[f.name].cast(f.type) if f.name in columns else pa.nulls(rows, f.type)
+                                 for f in schema], schema=schema)
+
+
+def test_a_writer_keeping_its_tables_loaded_sees_what_others_committed_since(tmp_path):
+    """The writer keeps each table loaded between batches: its transaction check must still see
+    a commit another writer made meanwhile (a re-run of that batch commits nothing), and a
+    rollback another writer made (the batches after it commit again)."""
+    kept = sinks.SinkWriter(tmp_path)
+    for batch in range(3):
+        assert kept.commit_batch(dead_letters(batch), batch)["dead_letter"] == 2
+    sinks.SinkWriter(tmp_path).rollback(1)
+    assert kept.commit_batch(dead_letters(2, tag="redo"), 2)["dead_letter"] == 2
+    assert sinks.SinkWriter(tmp_path).commit_batch(dead_letters(3, tag="other"), 3)["dead_letter"] == 2
+    assert kept.commit_batch(dead_letters(3), 3)["dead_letter"] == 0
+    assert ids(tmp_path) == ["m0-0", "m0-1", "m1-0", "m1-1", "other3-0", "other3-1", "redo2-0", "redo2-1"]
+    for batch in range(4, 4 + sinks.RELOAD_AFTER_VERSIONS + 5):  # past a reload of the kept table
+        assert kept.commit_batch(dead_letters(batch), batch)["dead_letter"] == 2
+    assert kept.commit_batch(dead_letters(10), 10)["dead_letter"] == 0
+    assert kept.committed_batches()["dead_letter"] == 3 + sinks.RELOAD_AFTER_VERSIONS + 5
+
+
+def test_the_sinks_of_a_batch_commit_in_parallel_and_one_failure_leaves_the_others_committed(tmp_path):
+    writer = sinks.SinkWriter(tmp_path)
+    batch = {**dead_letters(0), "missing_state": missing_states(0)}
+    assert writer.commit_batch(batch, 0) == {"enriched": 0, "missing_state": 2, "dead_letter": 2}
+    blocked = store.sink_dir(tmp_path, "enriched")
+    blocked.write_text("in the way")  # a file where the enriched table belongs
+    enriched = pa.Table.from_arrays([pa.nulls(1, f.type) for f in sinks.SCHEMAS["enriched"]],
+                                    schema=sinks.SCHEMAS["enriched"])
+    with pytest.raises(SinkError, match=re.escape(f"cannot write sink 'enriched' batch 1 under {str(blocked)!r}")):
+        writer.commit_batch({**dead_letters(1), "missing_state": missing_states(1), "enriched": enriched}, 1)
+    assert writer.committed_batches() == {"enriched": -1, "missing_state": 1, "dead_letter": 1}
+    blocked.unlink()  # fixed: Spark's re-run of batch 1 commits only what is missing
+    again = writer.commit_batch({**dead_letters(1), "missing_state": missing_states(1), "enriched": enriched}, 1)
+    assert again == {"enriched": 1, "missing_state": 0, "dead_letter": 0}
+    assert ids(tmp_path) == ["m0-0", "m0-1", "m1-0", "m1-1"]
