@@ -3,13 +3,17 @@ events per kind, kept up to date by parsing only what the job appended since the
 
 The first read covers the retained store once (:class:`pipeline.metrics_tail.StreamTail`);
 after that a scrape reads the new lines only, so a counter costs the same on day 30 as on
-day 1. The totals keep counting past the retention (a day file removed later is already
+day 1. Of a progress row the totals need only its ``sink_rows``, a small flat object near the
+end of the line: :func:`progress_sink_rows` parses those few bytes, not the ~4 KB row (a first
+read of 100,000 rows went from 12.9 s to well under a second; bench/bench_metrics_readers.py). The totals keep counting past the retention (a day file removed later is already
 counted), and start again from the retained store when the exporter restarts, which
 Prometheus takes as a counter reset.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import threading
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -31,14 +35,52 @@ class StoreTotals:
     events: Counter = field(default_factory=Counter)  # kind -> events
 
 
+# "sink_rows": {"enriched": 94, "missing_state": 5, "dead_letter": 1}: a flat object, as
+# pipeline.metrics.build_progress_row writes it (compact or spaced JSON)
+# followed only by top-level scalar fields ("state_size_bytes": 123) and the row's closing brace
+_SINK_ROWS = re.compile(rb'"sink_rows"\s*:\s*(\{[^{}]*\})'
+                        rb'(?:\s*,\s*"[^"\\]*"\s*:\s*(?:null|true|false|-?[0-9][0-9.eE+-]*|"[^"\\]*"))*\s*\}\Z')
+
+
+def progress_sink_rows(line: bytes) -> dict | None:
+    """The ``sink_rows`` of one progress line (``{}`` when it has none), or None when the line is
+    not a JSON object (skipped, as :func:`pipeline.metrics_tail.parse_lines` skips it). A line
+    as the job writes it (``sink_rows`` a flat object followed only by scalar fields and the
+    row's end) is read from its last ``"sink_rows"`` on; any other is parsed whole. The one
+    difference from a whole parse: two rows glued on one line (a row cut by a crash, then the
+    next appended; the store writes each line in one call, so this is not seen) count as the
+    second row, where a whole parse skips the line."""
+    line = line.strip()
+    at = line.rfind(b'"sink_rows"')
+    if at > 0 and line[:1] == b"{" and line[-1:] == b"}":
+        match = _SINK_ROWS.match(line, at)
+        if match is not None:
+            try:
+                value = json.loads(match.group(1))
+            except ValueError:
+                value = None
+            if isinstance(value, dict):
+                return value
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return (row.get("sink_rows") or {}) if isinstance(row, dict) else None
+
+
+def add_sink_rows(totals: StoreTotals, rows: list[dict]) -> StoreTotals:
+    """The totals with one batch per ``sink_rows`` object added (pure)."""
+    sums = {column: getattr(totals, column) for column in SINK_ROWS.values()}
+    for sink_rows in rows:
+        for sink, column in SINK_ROWS.items():
+            value = (sink_rows or {}).get(sink)
+            sums[column] += value if isinstance(value, int) and not isinstance(value, bool) else 0
+    return replace(totals, batches=totals.batches + len(rows), **sums)
+
+
 def add_progress(totals: StoreTotals, rows: list[dict]) -> StoreTotals:
     """The totals with these progress rows added (pure)."""
-    sums = {column: getattr(totals, column) for column in SINK_ROWS.values()}
-    for row in rows:
-        for sink, column in SINK_ROWS.items():
-            value = (row.get("sink_rows") or {}).get(sink)
-            sums[column] += value if isinstance(value, int) else 0
-    return replace(totals, batches=totals.batches + len(rows), **sums)
+    return add_sink_rows(totals, [row.get("sink_rows") or {} for row in rows])
 
 
 def add_events(totals: StoreTotals, rows: list[dict]) -> StoreTotals:
@@ -58,5 +100,6 @@ class RunningTotals:
 
     def read(self) -> StoreTotals:
         with self._lock:
-            self._totals = add_events(add_progress(self._totals, self._progress.read_new()), self._events.read_new())
+            sink_rows = [rows for rows in map(progress_sink_rows, self._progress.read_new_lines()) if rows is not None]
+            self._totals = add_events(add_sink_rows(self._totals, sink_rows), self._events.read_new())
             return self._totals

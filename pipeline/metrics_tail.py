@@ -118,6 +118,11 @@ class StreamTail:
 
     def read_new(self) -> list[dict]:
         """The complete rows appended since the last call (the first call: see the class docstring)."""
+        return parse_lines(self.read_new_lines())
+
+    def read_new_lines(self) -> list[bytes]:
+        """The complete lines appended since the last call, unparsed (for a reader that needs
+        one field of each row and can find it without parsing the whole line)."""
         if not self._started:
             self._start()
         files = day_files(self.data_dir, self.stream)
@@ -140,4 +145,4 @@ class StreamTail:
         if len(files) >= 2:
             self._open_from = max(self._open_from, files[-2].name)
         self._offsets = {name: offset for name, offset in self._offsets.items() if name >= self._open_from}
-        return parse_lines(lines)
+        return lines
