@@ -124,12 +124,17 @@ def read_rows(data_dir: Path, stream: str, since_ms: int | None = None) -> list[
 def prune_old_days(data_dir: Path, retention_s: float, now_s: float | None = None) -> list[Path]:
     """Delete the day files of every metrics stream whose whole day ended more than
     ``retention_s`` ago; today's and yesterday's always stay (a day file is the unit). Returns
-    what was deleted. The running job calls it on its maintenance thread (metrics.retention)."""
+    what was deleted. The running job calls it on its maintenance thread (metrics.retention),
+    for its own store and the SQL pipelines' (``<data_dir>/sql/<name>/metrics/``, so a stopped
+    pipeline's rows expire too); a running SQL pipeline calls it for its own store."""
     now = time.time() if now_s is None else now_s
     keep_from = datetime.fromtimestamp(now - max(retention_s, 86400.0), tz=timezone.utc).strftime("%Y-%m-%d")
+    pipelines = store.sql_pipelines_dir(data_dir)
+    roots = [Path(data_dir)] + (sorted(path for path in pipelines.iterdir() if (path / "metrics").is_dir())
+                                if pipelines.is_dir() else [])
     removed = []
-    for stream in store.METRIC_STREAMS:
-        folder = store.metrics_dir(data_dir, stream)
+    for root, stream in ((root, stream) for root in roots for stream in store.METRIC_STREAMS):
+        folder = store.metrics_dir(root, stream)
         for path in sorted(folder.glob("*.jsonl")) if folder.is_dir() else []:
             if len(path.stem) == 10 and path.stem < keep_from:
                 try:

@@ -125,3 +125,51 @@ def test_vacuum_keeps_what_a_savepoint_needs_and_its_restore_is_row_for_row(tmp_
         ["m0", "m1", "m2", "m3"]
     with pytest.raises(SinkError, match="no longer has the files of batch 3"):
         without.rollback(3)
+
+
+# -------------------------------------------------------------------- the SQL pipelines' metrics
+
+
+def test_the_jobs_retention_covers_the_sql_pipelines_metrics_too(tmp_path):
+    """A SQL pipeline keeps its own store (<data_dir>/sql/<name>/metrics/); the job's round
+    prunes it with its own, so a stopped pipeline's rows expire as well."""
+    days = ["2027-01-01", "2027-01-14", "2027-01-15"]
+    pipeline_root = store.sql_dir(tmp_path, "count")
+    for root in (tmp_path, pipeline_root, store.sql_dir(tmp_path, "join")):
+        write_days(root, "progress", days)
+        write_days(root, "events", days)
+    removed = prune_old_days(tmp_path, 7 * 86400, NOW)
+    assert len(removed) == 6
+    for root in (tmp_path, pipeline_root, store.sql_dir(tmp_path, "join")):
+        assert days_left(root, "progress") == days_left(root, "events") == ["2027-01-14", "2027-01-15"]
+
+
+def test_a_running_sql_pipelines_round_prunes_its_metrics_and_compacts_its_tables(tmp_path):
+    import pyarrow as pa
+
+    from pipeline.config import load_settings
+    from pipeline.metrics import MetricsStore
+    from pipeline.sql.runner import start_maintenance
+    from pipeline.sql.sink import SqlSinkWriter
+
+    settings = load_settings(env={}, cli={"paths.data_dir": str(tmp_path), "sinks.compact_interval": "1h",
+                                          "sinks.vacuum_retention": "0h", "metrics.retention": "24h"})
+    root = store.sql_dir(tmp_path, "count")
+    write_days(root, "progress", ["2020-01-01"])
+    write_days(tmp_path, "progress", ["2020-01-01"])  # the job's: not this pipeline's to prune
+    writer = SqlSinkWriter(root)
+    schema = sinks.SCHEMAS["dead_letter"]
+    for batch in range(4):
+        writer.commit_batch({"dead_letter": pa.Table.from_arrays(
+            [pa.array([batch] if f.name == "batch_id" else [None], f.type) for f in schema], schema=schema)}, batch)
+    assert len(sinks.table_files(writer.folder("dead_letter"))) == 4
+    metrics = MetricsStore(root)
+    maintenance = start_maintenance(settings, root, writer, metrics.event)
+    try:
+        maintenance.run_once()
+    finally:
+        maintenance.stop()
+    assert days_left(root, "progress") == [] and days_left(tmp_path, "progress") == ["2020-01-01"]
+    assert len(sinks.table_files(writer.folder("dead_letter"))) == 1
+    kinds = [row["kind"] for row in read_rows(root, "events")]
+    assert kinds == ["metrics_pruned", "sinks_maintained"]
