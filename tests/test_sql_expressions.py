@@ -53,8 +53,6 @@ def test_group_by_an_expression_and_aggregates_of_expressions_are_derived_column
 
 
 @pytest.mark.parametrize("query, message", [
-    ("INSERT INTO out (k, t) SELECT u.uid, c.color FROM users u LEFT JOIN colors c ON u.uid = c.userUid "
-     "WHERE c.color = 'red'", "WHERE 'c.color': a joined table's column is not supported there"),
     ("INSERT INTO out (k, n) SELECT accountId, COUNT(DISTINCT region) FROM users GROUP BY accountId",
      "COUNT(DISTINCT region) is not supported; supported: COUNT, SUM, MIN, MAX, AVG (without DISTINCT)"),
     ("INSERT INTO out (k, t) SELECT uid, SPLIT_INDEX(region, ',', 1) FROM users",
@@ -176,3 +174,49 @@ def test_views_statement_sets_and_metadata_in_a_query_are_refused_in_one_line(sc
     with pytest.raises(UnsupportedSql, match=re.escape(message)) as caught:
         build_plan(script)
     assert "\n" not in str(caught.value)
+
+
+def test_where_on_a_joined_tables_column_runs_after_the_join_on_each_keys_before_and_after():
+    import pyarrow as pa
+
+    from pipeline.sql.sink import build_result
+
+    plan = plan_of("INSERT INTO out (k, t) SELECT u.uid, c.color FROM users u LEFT JOIN colors c ON u.uid = c.userUid "
+                   "WHERE u.id > 0 AND (c.color IS NULL OR c.color <> 'red')")
+    assert plan.where == "(`s0_id` > 0)"  # before the join: the driving table's conjunct
+    assert plan.where_joined == "((`s1_color` IS NULL) OR (`s1_color` <> 'red'))"
+    # key: (before passed?, now) -> what is sent
+    rows = pa.table({
+        "key": ["stays", "stays", "leaves", "leaves", "comes", "comes", "new", "never", "gone", "gone", "gone-unsent",
+                "gone-unsent", "x"],
+        "op": ["before", "after", "before", "after", "before", "after", "after", "after", "before", "delete", "before",
+               "delete", "dead"],
+        "_pass": [True, True, True, False, False, True, True, False, True, None, False, None, None],
+        "s0_uid": ["stays", "stays", "leaves", "leaves", "comes", "comes", "new", "never", "gone", None, "gone-unsent",
+                   None, None],
+        "s1_color": ["blue"] * 13,
+    })
+    result = build_result(plan, rows, 1, 0)
+    assert list(zip(result["_key"].to_pylist(), result["_op"].to_pylist())) == [
+        ("stays", "upsert"), ("leaves", "delete"), ("comes", "upsert"), ("new", "upsert"), ("gone", "delete")]
+
+
+def test_having_sends_a_group_while_it_passes_and_retracts_it_once_when_it_stops():
+    import pyarrow as pa
+
+    from pipeline.sql.sink import build_result, split_unsendable
+
+    plan = plan_of("INSERT INTO out (k, n) SELECT accountId, COUNT(*) FROM users GROUP BY accountId HAVING COUNT(*) >= 2")
+    # the rows of HAVING's UpsertJoin (pipeline/sql/runner.py apply_having): the key JSON-encoded
+    rows = pa.table({
+        "key": ['["A"]', '["A"]', '["B"]', '["B"]', '["C"]', '["D"]', '["D"]', "[null]"],
+        "op": ["before", "after", "before", "after", "after", "before", "delete", "after"],
+        "_pass": [True, False, False, True, False, True, False, True],
+        "_result_key": ["A", "A", "B", "B", "C", "D", "D", None],
+        "s0_accountId": ["A", "A", "B", "B", "C", "D", None, None], "agg1": [2, 1, 1, 2, 1, 2, None, 5],
+    })
+    result, dead = split_unsendable(plan, build_result(plan, rows, 4, 0), 4, 0)
+    assert list(zip(result["_key"].to_pylist(), result["_op"].to_pylist(), result["n"].to_pylist())) == [
+        ("A", "delete", None), ("B", "upsert", 2), ("D", "delete", None)]
+    assert dead["error"].to_pylist() == [
+        "result row of INSERT INTO out: its PRIMARY KEY 'k' is NULL (a NULL group value); not sent"]

@@ -94,17 +94,22 @@ CASES = [
          "INSERT INTO out SELECT UPPER(accountId) || '/' || region, COUNT(*), MAX(score), AVG(score) FROM users "
          "GROUP BY UPPER(accountId), region HAVING COUNT(*) >= 2",
          (
-             # A/us fails HAVING: a tombstone (a group that does not pass is deleted whenever it changes)
+             # A/us does not pass HAVING: nothing is sent for it, now or when it empties
              ((("u1", {"uid": "u1", "accountId": "a", "region": "eu", "score": 1.0}),
                ("u2", {"uid": "u2", "accountId": "a", "region": "eu", "score": 3.0}),
                ("u3", {"uid": "u3", "accountId": "a", "region": "us", "score": 2.0})),
-              (("A/eu", row(k="A/eu", n=2, top=3.0, mean=2.0)), ("A/us", ""))),
+              (("A/eu", row(k="A/eu", n=2, top=3.0, mean=2.0)),)),
              ((("u3", {"uid": "u3", "accountId": "a", "region": "eu", "score": 2.0}),),
-              (("A/eu", row(k="A/eu", n=3, top=3.0, mean=2.0)), ("A/us", ""))),
+              (("A/eu", row(k="A/eu", n=3, top=3.0, mean=2.0)),)),
              # the maximum is deleted: retracted
              ((("u2", None),), (("A/eu", row(k="A/eu", n=2, top=2.0, mean=1.5)),)),
-             # the group stops passing HAVING: retracted
+             # the group stops passing HAVING: retracted, once
              ((("u1", None),), (("A/eu", ""),)),
+             ((("u3", None),), ()),
+             # a group that starts passing appears
+             ((("u4", {"uid": "u4", "accountId": "b", "region": "us", "score": 5.0}),), ()),
+             ((("u5", {"uid": "u5", "accountId": "b", "region": "us", "score": 7.0}),),
+              (("B/us", row(k="B/us", n=2, top=7.0, mean=6.0)),)),
          )),
     Case("where_on_a_left_joins_driving_table",
          "uid STRING, accountId STRING, id INT",
@@ -120,6 +125,26 @@ CASES = [
              ((("u2", {"uid": "u2", "accountId": "B", "id": 2}),), (("u2", row(uid="u2", color="blue/B")),)),
              ((("colors", "u1", None),), (("u1", row(uid="u1", color="none/A")),)),
              ((("u1", {"uid": "u1", "accountId": "A", "id": -1}),), (("u1", ""),)),
+         ),
+         joined=(("colors", "userUid STRING, color STRING", "userUid"),)),
+    Case("where_on_a_joined_tables_column",
+         "uid STRING, accountId STRING, id INT",
+         "uid STRING, color STRING",
+         "INSERT INTO out SELECT u.uid, c.color FROM users u LEFT JOIN colors c ON u.uid = c.userUid "
+         "WHERE u.id > 0 AND (c.color IS NULL OR c.color <> 'red')",
+         (
+             ((("u1", {"uid": "u1", "accountId": "A", "id": 1}), ("colors", "u1", {"userUid": "u1", "color": "blue"}),
+               ("u2", {"uid": "u2", "accountId": "A", "id": 1}), ("colors", "u2", {"userUid": "u2", "color": "red"})),
+              (("u1", row(uid="u1", color="blue")),)),
+             # the joined side's change makes u2 match, then u1 stop matching: it is retracted
+             ((("colors", "u2", {"userUid": "u2", "color": "green"}),), (("u2", row(uid="u2", color="green")),)),
+             ((("colors", "u1", {"userUid": "u1", "color": "red"}),), (("u1", ""),)),
+             # a change of a key that matched neither before nor now sends nothing
+             ((("u1", {"uid": "u1", "accountId": "B", "id": 1}),), ()),
+             ((("colors", "u2", None),), (("u2", row(uid="u2", color=None)),)),
+             # the driving table's conjunct, before the join
+             ((("u2", {"uid": "u2", "accountId": "A", "id": 0}),), (("u2", ""),)),
+             ((("colors", "u1", None),), (("u1", row(uid="u1", color=None)),)),
          ),
          joined=(("colors", "userUid STRING, color STRING", "userUid"),)),
 ]

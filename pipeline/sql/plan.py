@@ -16,8 +16,8 @@ The supported subset (DESIGN.md §11):
     [WHERE …] GROUP BY g… [HAVING …]`` (the target's primary key is the group column, or one
     expression of every group column);
   - ``SELECT expressions FROM t [a] [LEFT JOIN t2 [b] ON a.pk = b.pk]… [WHERE …]`` (every join on
-    the two tables' primary keys; WHERE on the driving table's columns; the target's primary key
-    is the driving table's).
+    the two tables' primary keys; WHERE's conditions on the driving table run before the
+    operators, the others on the joined rows; the target's primary key is the driving table's).
   Expressions are translated to Spark SQL (pipeline/sql/expressions.py, pipeline/sql/select.py)
   and typed: a value that does not fit its target column is refused here.
 """
@@ -101,6 +101,7 @@ class Plan:
     group_by: tuple[str, ...]  # plain GROUP BY columns of sides[0] (aggregate only)
     statements: tuple[str, ...]
     where: str | None = None  # Spark SQL over the driving table's envelope columns, before the operators
+    where_joined: str | None = None  # WHERE's conjuncts that read a joined table: after UpsertJoin
     having: str | None = None  # Spark SQL over GroupAggregate's output
     derived: tuple["Derived", ...] = ()  # columns computed on the driving table's rows
     aggregates: tuple["AggregateCall", ...] = ()  # what GroupAggregate computes
@@ -246,7 +247,7 @@ def build_query(insert: exp.Insert, tables: dict[str, Table], statements: tuple[
         raise UnsupportedSql("GROUP BY over a JOIN is not supported; supported: GROUP BY over one table, or LEFT JOINs without GROUP BY")
     query = Query(sides, aliases)
     where = select.args.get("where")
-    where_sql = query.condition(where.this, "WHERE", query.row_scope("WHERE", driving_only=True)) if where else None
+    where_sql, where_joined = query.where(where.this) if where else (None, None)
     having = select.args.get("having")
     if having and not group:
         raise UnsupportedSql(f"HAVING without GROUP BY is not supported in INSERT INTO {target.name}; supported: {SHAPES}")
@@ -256,7 +257,7 @@ def build_query(insert: exp.Insert, tables: dict[str, Table], statements: tuple[
     else:
         outputs, having_sql = query.row_outputs(names, select.expressions), None
     plan = Plan("aggregate" if group else "join", tuple(sides), target, tuple(outputs), tuple(query.group_by), statements,
-                where=where_sql, having=having_sql, derived=tuple(query.derived), aggregates=tuple(query.aggregates),
+                where=where_sql, where_joined=where_joined, having=having_sql, derived=tuple(query.derived), aggregates=tuple(query.aggregates),
                 group_fields=tuple(query.group_fields), reads=tuple(query.reads),
                 group_labels=tuple(g.sql(dialect=Flink) for g in (group.expressions if group else [])))
     _check_key(plan)

@@ -36,8 +36,8 @@ from pipeline.sinks import SinkMaintenance, last_committed_batch
 from pipeline.sql.envelope import envelope_ddl, field_name, make_parser, used_columns
 from pipeline.sql.plan import Plan
 from pipeline.sql.progress import build_sql_progress_row
-from pipeline.sql.sink import (SqlSinkWriter, build_dead_letters, build_messages, build_result, send_messages,
-                               split_unsendable)
+from pipeline.sql.sink import (SqlSinkWriter, build_dead_letters, build_messages, build_result, output_field,
+                               send_messages, split_unsendable)
 
 log = logging.getLogger(__name__)
 PIPELINE_FILE = "pipeline.json"
@@ -61,9 +61,10 @@ def plan_fingerprint(plan: Plan) -> str:
     old = ("name", "side", "column", "aggregate", "argument")  # what a plan held before expressions
     parts = [used_columns(plan), [{k: o.__dict__[k] for k in old} for o in plan.outputs], plan.kind, plan.group_by,
              [t.name for t in plan.sides]]
-    computed = [plan.where, plan.having, [d.__dict__ for d in plan.derived], [a.__dict__ for a in plan.aggregates],
-                list(plan.group_fields), [o.expression for o in plan.outputs]]
-    if plan.where or plan.having or plan.derived or any(o.expression for o in plan.outputs) or len(plan.group_fields) > 1:
+    computed = [plan.where, plan.where_joined, plan.having, [d.__dict__ for d in plan.derived],
+                [a.__dict__ for a in plan.aggregates], list(plan.group_fields), [o.expression for o in plan.outputs]]
+    if (plan.where or plan.where_joined or plan.having or plan.derived or any(o.expression for o in plan.outputs)
+            or len(plan.group_fields) > 1):
         parts.append(computed)  # a plan of plain columns and aggregates keeps the fingerprint it had
     text = json.dumps(parts, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -104,8 +105,10 @@ def apply_operators(rows, plan: Plan):
     Spark evaluating WHERE, the derived columns, HAVING and the SELECT expressions around them.
 
     # in:  {"key": "100-1", "side": 0, "op": "upsert", "s0_accountId": "100", …}
-    # out (join):      {"key": "100-1", "op": "after"|"delete"|"dead", "s0_accountId": "100", "s1_favoriteColor": …, "out<i>": …}
+    # out (join):      {"key": "100-1", "op": "after"|"delete"|"dead" [|"before"], "s0_accountId": "100",
+    #                   "s1_favoriteColor": …, "out<i>": …[, "_pass": true (WHERE on a joined table)]}
     # out (aggregate): {"op": "upsert"|"delete"|"dead", "s0_accountId": "100", "agg1": 2, …, "out<i>": …}
+    #                  (with HAVING, as apply_having gives)
     """
     from pyspark.sql import DataFrame
     from pyspark.sql import functions as F
@@ -117,9 +120,13 @@ def apply_operators(rows, plan: Plan):
     sides = [[field_name(s, c) for s, c in used if s == side] for side in range(len(plan.sides))]
     sides[0] += [d.name for d in plan.derived]  # kept in UpsertJoin's state with the row they came from
     aggregate = plan.kind == "aggregate"
+    # a WHERE on a joined table's column needs each key's row as it was (op "before") to know
+    # whether that row was sent (pipeline/sql/sink.py filter_joined)
     join = (jvm.JoinSpec().key("key").side("side").op("op").sides(sides)
-            .readOrder(["source_partition", "position"]).emitBefore(aggregate))
+            .readOrder(["source_partition", "position"]).emitBefore(aggregate or plan.where_joined is not None))
     out = DataFrame(jvm.UpsertJoin.apply(rows._jdf, join), spark)
+    if plan.where_joined:
+        out = out.withColumn("_pass", F.expr(f"coalesce({plan.where_joined}, FALSE)"))
     if aggregate:
         groups = list(plan.group_fields) or [field_name(0, column) for column in plan.group_by]
         out = out.withColumn("group_key", F.to_json(F.array(*[F.col(g).cast("string") for g in groups])))
@@ -127,13 +134,38 @@ def apply_operators(rows, plan: Plan):
         for call in plan.aggregates:
             spec.aggregate(call.function, call.input, call.name)
         out = DataFrame(jvm.GroupAggregate.apply(out._jdf, spec), spark)
-        if plan.having:
-            # a group that stops passing HAVING is deleted (a group that never passed gets a tombstone too)
-            out = out.withColumn("op", F.expr(f"CASE WHEN op = 'upsert' AND NOT coalesce({plan.having}, FALSE) "
-                                              "THEN 'delete' ELSE op END"))
     computed = [F.expr(f"TRY_CAST({o.expression} AS {o.spark_type.upper() if o.spark_type != 'null' else 'STRING'})")
                 .alias(f"out{i}") for i, o in enumerate(plan.outputs) if o.expression]
-    return out.select("*", *computed) if computed else out
+    out = out.select("*", *computed) if computed else out
+    if aggregate and plan.having:
+        out = apply_having(out, plan)
+    return out
+
+
+def apply_having(out, plan: Plan):
+    """HAVING as Flink means it: a group's row is sent while it passes, and retracted once when it
+    stops. A second UpsertJoin, keyed by the result's key (JSON-encoded, so that a NULL key stays
+    apart), gives each changed group's row before and after the batch; pipeline/sql/sink.py
+    filter_joined sends what changed.
+
+    # in:  {"op": "upsert"|"delete"|"dead", "s0_accountId": "100", "agg1": 2, "out<i>": …}
+    # out: {"key": "[\"100\"]", "op": "before"|"after"|"delete"|"dead", …, "_pass": true, "_result_key": "100"}
+    """
+    from pyspark.sql import DataFrame
+    from pyspark.sql import functions as F
+
+    spark = out.sparkSession
+    jvm = spark._jvm.statefulstreams
+    key = output_field(plan, plan.target.primary_key)
+    result_key = f"CASE WHEN op = 'dead' THEN key ELSE to_json(array(CAST(`{key}` AS STRING))) END"
+    # side 0, nullable: UpsertJoin's output rows have the input's schema, and leave side null
+    out = out.withColumn("key", F.expr(result_key)).withColumn("side", F.when(F.col("op").isNotNull(), F.lit(0)))
+    values = [c for c in out.columns if c == key or c in plan.group_fields or c.startswith(("agg", "out"))
+              or c in {field_name(0, g) for g in plan.group_by}]
+    join = (jvm.JoinSpec().key("key").side("side").op("op").sides([values]).readOrder([]).emitBefore(True))
+    out = DataFrame(jvm.UpsertJoin.apply(out._jdf, join), spark)
+    decoded = "CASE WHEN op = 'dead' THEN NULL ELSE from_json(key, 'array<string>')[0] END"
+    return out.withColumn("_pass", F.expr(f"coalesce({plan.having}, FALSE)")).withColumn("_result_key", F.expr(decoded))
 
 
 def apply_where(rows, plan: Plan):

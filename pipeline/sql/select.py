@@ -53,14 +53,11 @@ class Query:
         self.groups: dict[str, Typed] = {}  # a group's row-level Spark SQL -> its column
         self.fields_used: list[str] = []  # the query output columns the last aggregate-scope expression read
 
-    def row_scope(self, clause: str, driving_only: bool = False):
-        """Resolves columns of the tables (only the driving one's for WHERE, which runs before the join)."""
+    def row_scope(self, clause: str):
+        """Resolves columns of the tables to their envelope columns."""
         def resolve(node: exp.Expression) -> Typed | None:
             if isinstance(node, exp.Column):
                 side, column = resolve_column(node, self.sides, self.aliases, clause)
-                if driving_only and side:
-                    raise UnsupportedSql(f"{clause} {node.sql(dialect=Flink)!r}: a joined table's column is not "
-                                         f"supported there; supported: columns of {self.sides[0].name}, the FROM table")
                 if (side, column) not in self.reads:
                     self.reads.append((side, column))
                 return Typed(f"`{field_name(side, column)}`", self.sides[side].column(column).spark_type)
@@ -69,6 +66,19 @@ class Query:
                                      + ("; use HAVING" if clause == "WHERE" else ""))
             return None
         return resolve
+
+    def where(self, node: exp.Expression) -> tuple[str | None, str | None]:
+        """WHERE as (its conjuncts on the driving table's columns, which run before the operators;
+        the others, which run on the joined rows), each Spark SQL or None."""
+        conjuncts = list(node.flatten()) if isinstance(node, exp.And) else [node]
+        driving, joined = [], []
+        for conjunct in conjuncts:
+            sides = {resolve_column(c, self.sides, self.aliases, "WHERE")[0] for c in conjunct.find_all(exp.Column)}
+            if sides <= {0}:
+                driving.append(self.condition(conjunct, "WHERE", self.row_scope("WHERE")))
+            else:
+                joined.append(self.condition(conjunct, "WHERE", self.row_scope("WHERE")))
+        return _all(driving), _all(joined)
 
     def condition(self, node: exp.Expression, clause: str, resolve) -> str:
         value = translate(node, resolve, clause)
@@ -178,6 +188,11 @@ class Query:
                 return call.name
         self.aggregates.append(AggregateCall(function, field, name or f"agg_{len(self.aggregates)}"))
         return self.aggregates[-1].name
+
+
+def _all(conditions: list[str]) -> str | None:
+    """Spark SQL of every condition together (None for none)."""
+    return None if not conditions else conditions[0] if len(conditions) == 1 else f"({' AND '.join(conditions)})"
 
 
 def _fields(sql: str) -> list[str]:

@@ -52,9 +52,31 @@ def output_field(plan: Plan, name: str) -> str | None:
     return None
 
 
+def filter_joined(rows: pa.Table) -> pa.Table:
+    """A WHERE on a joined table's column, as Flink means it: per key, the joined row now (op
+    ``after``) is sent if it passes (``_pass``); if not, or if the key was deleted, a delete is
+    sent only when the row as it was before the batch (op ``before``) passed, i.e. was sent.
+    UpsertJoin gives at most one ``before`` and one ``after`` or ``delete`` per key and batch.
+
+    # in:  {"key": "u1", "op": "before", "_pass": true}, {"key": "u1", "op": "after", "_pass": false}, …
+    # out: {"key": "u1", "op": "delete", …}  (rows with nothing to send get op "skip")
+    """
+    ops, passed = rows["op"], pc.fill_null(rows["_pass"], False)
+    sent_before = rows.filter(pc.and_(pc.equal(ops, "before"), passed))["key"]
+    was_sent = pc.is_in(rows["key"], value_set=sent_before.combine_chunks() if sent_before.num_chunks
+                        else pa.array([], pa.string()))
+    is_after, is_delete = pc.equal(ops, "after"), pc.equal(ops, "delete")
+    op = pc.if_else(pc.and_(is_after, passed), "after",
+                    pc.if_else(pc.and_(pc.or_(is_after, is_delete), was_sent), "delete",
+                               pc.if_else(pc.or_(pc.or_(is_after, is_delete), pc.equal(ops, "before")), "skip", ops)))
+    return rows.set_column(rows.schema.get_field_index("op"), "op", op)
+
+
 def build_result(plan: Plan, rows: pa.Table, batch_id: int, now_ms: int) -> pa.Table:
     """The batch's ``result`` rows from the query's output rows (upserts and deletes only)."""
     schema = result_schema(plan)
+    if (plan.where_joined or plan.having) and rows.num_rows:
+        rows = filter_joined(rows)
     ops = rows["op"]
     changed = rows.filter(pc.is_in(ops, pa.array(list(UPSERT_OPS) + ["delete"])))
     n = changed.num_rows
@@ -66,8 +88,10 @@ def build_result(plan: Plan, rows: pa.Table, batch_id: int, now_ms: int) -> pa.T
         columns[column.name] = pc.if_else(is_delete, pa.nulls(n, ARROW_TYPES[column.spark_type]),
                                           values.cast(ARROW_TYPES[column.spark_type]))
     # A join's rows (deletes too) carry the driving primary key, which is the target's; an
-    # aggregate's carry their group values, deletes included.
-    key_field = "key" if plan.kind == "join" else output_field(plan, plan.target.primary_key)
+    # aggregate's carry their group values, deletes included; after HAVING's UpsertJoin a delete
+    # carries only its key (pipeline/sql/runner.py apply_having).
+    key_field = ("key" if plan.kind == "join" else "_result_key" if plan.having
+                 else output_field(plan, plan.target.primary_key))
     columns["_key"] = changed[key_field].cast(pa.string())
     columns["_batch_id"] = pa.array([batch_id] * n, pa.int64())
     columns["_changed_at"] = pa.array([now_ms] * n, pa.int64()).cast(TS)
