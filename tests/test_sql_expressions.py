@@ -220,3 +220,37 @@ def test_having_sends_a_group_while_it_passes_and_retracts_it_once_when_it_stops
         ("A", "delete", None), ("B", "upsert", 2), ("D", "delete", None)]
     assert dead["error"].to_pylist() == [
         "result row of INSERT INTO out: its PRIMARY KEY 'k' is NULL (a NULL group value); not sent"]
+
+
+EXTREMES = [
+    {"uid": "", "acc": "", "id": -2**31, "big": -2**63, "score": 1.7976931348623157e308, "flag": False, "nos": "",
+     "noi": 2**31 - 1},
+    {"uid": None, "acc": None, "id": None, "big": None, "score": None, "flag": None, "nos": None, "noi": None},
+    {"uid": "x", "acc": "%", "id": 2**31 - 1, "big": 2**63 - 1, "score": -1.7976931348623157e308, "flag": True,
+     "nos": "é", "noi": 0},
+]
+EDGES = ["id / -1", "big / -1", "-big", "ABS(big)", "ABS(id)", "big * big", "big + big", "id * id", "big % -1",
+         "big % noi", "CAST(score AS BIGINT)", "CAST(score AS INT)", "FLOOR(score)", "CEIL(score)", "ROUND(score, 2)",
+         "POWER(score, 2)", "SQRT(score)", "LN(score)", "score / 0", "id / noi", "SIGN(big)", "SUBSTRING(acc, id, id)",
+         "CAST(acc AS BOOLEAN)", "CAST(nos AS DOUBLE)", "GREATEST(big, id)"]
+
+
+def test_no_value_fails_spark_under_ansi_mode(spark):
+    """Spark 4 runs in ANSI mode, where an overflow or a bad CAST fails the batch on every restart;
+    every translation must give NULL instead (or a value), for any input."""
+    from pyspark.sql import functions as F
+
+    schema = ", ".join(f"{name} {kind}" for name, kind in TYPES.items())
+    frame = spark.createDataFrame([tuple(row.values()) for row in EXTREMES], schema)
+    texts = [text for text, _ in CASES] + EDGES
+    translated = [_translate(text) for text in texts]
+    # as the runner gives each output: TRY_CAST to its planned type
+    columns = [F.expr(f"TRY_CAST({t.sql} AS {'STRING' if t.type == 'null' else t.type.upper()})").alias(f"c{i}")
+               for i, t in enumerate(translated)]
+    rows = frame.select(*columns).collect()
+    values = dict(zip(texts, zip(*[list(r) for r in rows])))
+    assert values["id / -1"] == (None, None, -(2**31 - 1))  # Flink fails the job on INT_MIN / -1 (overflow)
+    assert values["-big"] == (None, None, -(2**63 - 1))
+    assert values["ABS(id)"] == (None, None, 2**31 - 1)
+    assert values["CAST(score AS INT)"] == (None, None, None)
+    assert values["FLOOR(score)"] == (1.7976931348623157e308, None, -1.7976931348623157e308)
