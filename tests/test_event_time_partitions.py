@@ -113,7 +113,7 @@ def test_a_partition_behind_holds_every_order_until_it_goes_idle(partitioned, tm
     finally:
         client.close()
     # long enough for the watermark to take in the partition behind before it goes idle, on a busy machine
-    settings = job_settings(broker, tmp_path / "data", topics, **{"enrichment.idle_timeout": "8s"})
+    settings = job_settings(broker, tmp_path / "data", topics, **{"enrichment.idle_timeout": "15s"})
     # Users 1-8 early on, each in the partition its key hashes to; user 1's partition then goes far
     # ahead, the other one (``behind``) stays at its newest early time.
     where = send(url, topics["users"], [(str(u), wire.encode(user(u)), T0 + u * 100) for u in range(1, 9)])
