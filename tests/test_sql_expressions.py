@@ -44,6 +44,13 @@ def test_group_by_two_columns_with_avg_having_and_a_key_of_both():
     assert [o.spark_type for o in plan.outputs if o.expression] == ["string", "int", "double"]
 
 
+def test_count_distinct_is_group_aggregates_count_distinct():
+    plan = plan_of("INSERT INTO out (k, n, s) SELECT accountId, COUNT(DISTINCT UPPER(region)), COUNT(DISTINCT id) "
+                   "FROM users GROUP BY accountId")
+    assert [(a.function, a.input) for a in plan.aggregates] == [("COUNT_DISTINCT", "d0"), ("COUNT_DISTINCT", "s0_id")]
+    assert [o.spark_type for o in plan.outputs] == [None, "bigint", "bigint"]
+
+
 def test_group_by_an_expression_and_aggregates_of_expressions_are_derived_columns():
     plan = plan_of("INSERT INTO out (k, n) SELECT UPPER(accountId), SUM(id * 2) FROM users GROUP BY UPPER(accountId)")
     assert [(d.name, d.sql) for d in plan.derived] == [("d0", "upper(`s0_accountId`)"),
@@ -53,8 +60,8 @@ def test_group_by_an_expression_and_aggregates_of_expressions_are_derived_column
 
 
 @pytest.mark.parametrize("query, message", [
-    ("INSERT INTO out (k, n) SELECT accountId, COUNT(DISTINCT region) FROM users GROUP BY accountId",
-     "COUNT(DISTINCT region) is not supported; supported: COUNT, SUM, MIN, MAX, AVG (without DISTINCT)"),
+    ("INSERT INTO out (k, n) SELECT accountId, SUM(DISTINCT id) FROM users GROUP BY accountId",
+     "SUM(DISTINCT id) is not supported; supported: COUNT(DISTINCT x) of one value, and COUNT, SUM, MIN, MAX, AVG"),
     ("INSERT INTO out (k, t) SELECT uid, SPLIT_INDEX(region, ',', 1) FROM users",
      "SELECT \"SPLIT_INDEX(region, ',', 1)\" is not supported; supported: columns, literals and CAST, CASE"),
     ("INSERT INTO out (k, t) SELECT uid, region FROM users WHERE id = 'x'",

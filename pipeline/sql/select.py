@@ -5,7 +5,8 @@
 - WHERE and the projections as Spark SQL over the envelope's ``s<side>_<column>`` columns;
 - the driving table's :class:`Derived` columns (GROUP BY expressions, aggregates' arguments),
   computed by Spark before the operators and kept by UpsertJoin with their row;
-- the :class:`AggregateCall`s GroupAggregate computes (AVG is SUM and COUNT, divided by Spark);
+- the :class:`AggregateCall`s GroupAggregate computes (AVG is SUM and COUNT, divided by Spark;
+  COUNT(DISTINCT x) is its COUNT_DISTINCT);
 - HAVING and the aggregate outputs as Spark SQL over GroupAggregate's output columns.
 """
 
@@ -35,7 +36,7 @@ class Derived:
 class AggregateCall:
     """One aggregate GroupAggregate computes: ``function`` of the ``input`` column ("" for COUNT(*))."""
 
-    function: str  # COUNT, SUM, MIN, MAX
+    function: str  # COUNT, COUNT_DISTINCT, SUM, MIN, MAX
     input: str
     name: str  # its column in GroupAggregate's output
 
@@ -162,7 +163,11 @@ class Query:
         text = node.sql(dialect=Flink)
         argument = node.this
         if isinstance(argument, exp.Distinct):
-            raise UnsupportedSql(f"{text} is not supported; supported: COUNT, SUM, MIN, MAX, AVG (without DISTINCT)")
+            if type(node) is not exp.Count or len(argument.expressions) != 1:
+                raise UnsupportedSql(f"{text} is not supported; supported: COUNT(DISTINCT x) of one value, and "
+                                     "COUNT, SUM, MIN, MAX, AVG without DISTINCT")
+            value = self.row_value(argument.expressions[0], f"{text}:")
+            return Typed(f"`{self._call('COUNT_DISTINCT', value.sql.strip('`'), name)}`", "bigint")
         if type(node) is exp.Count and isinstance(argument, (exp.Star, exp.Literal)):
             return Typed(f"`{self._call('COUNT', '', name)}`", "bigint")
         value = self.row_value(argument, f"{text}:")

@@ -2,7 +2,9 @@ package statefulstreams;
 
 import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.HashSet;
 import java.util.List;
+import java.util.Set;
 
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Encoders;
@@ -27,8 +29,8 @@ import scala.jdk.javaapi.CollectionConverters;
 import statefulstreams.Rows.Field;
 
 /**
- * A grouped aggregation over an upsert table that retracts: COUNT, SUM, MIN and MAX per group,
- * kept right when a row changes group or is deleted.
+ * A grouped aggregation over an upsert table that retracts: COUNT, COUNT(DISTINCT), SUM, MIN and
+ * MAX per group, kept right when a row changes group or is deleted.
  *
  * <p>Python describes it with column names ({@link AggregateSpec}). Its input is
  * {@link UpsertJoin}'s output with {@code emitBefore}: per changed row, a
@@ -52,7 +54,8 @@ import statefulstreams.Rows.Field;
  * </ol>
  * Output columns: the input's, then one column per aggregate; a result row has the group columns,
  * the op column and the aggregates set, the others null. COUNT is
- * a long (COUNT of a column counts its non-null values; an empty input column means COUNT(*)),
+ * a long (COUNT of a column counts its non-null values; an empty input column means COUNT(*);
+ * COUNT_DISTINCT counts its distinct non-null values),
  * SUM a long over whole numbers and a double otherwise, MIN and MAX keep their input's type;
  * over no non-null value SUM, MIN and MAX are null, as in SQL.
  */
@@ -193,6 +196,10 @@ public final class GroupAggregate extends StatefulProcessor<String, Row, Row> {
     long[] longSums = new long[n];
     double[] doubleSums = new double[n];
     Object[] extremes = new Object[n];
+    List<Set<Object>> distinct = new ArrayList<>(n);
+    for (int a = 0; a < n; a++) {
+      distinct.add(columns.functions[a] == Aggregate.COUNT_DISTINCT ? new HashSet<>() : null);
+    }
     scala.collection.Iterator<Tuple2<String, Row>> it = members.iterator();
     while (it.hasNext()) {
       Row member = it.next()._2();
@@ -203,6 +210,9 @@ public final class GroupAggregate extends StatefulProcessor<String, Row, Row> {
         }
         counts[a]++;
         switch (columns.functions[a]) {
+          case COUNT_DISTINCT:
+            distinct.get(a).add(value);
+            break;
           case SUM:
             if (value instanceof Double || value instanceof Float || value instanceof java.math.BigDecimal) {
               doubleSums[a] += ((Number) value).doubleValue();
@@ -234,6 +244,9 @@ public final class GroupAggregate extends StatefulProcessor<String, Row, Row> {
       switch (columns.functions[a]) {
         case COUNT:
           result = counts[a];
+          break;
+        case COUNT_DISTINCT:
+          result = (long) distinct.get(a).size();
           break;
         case SUM:
           boolean whole = columns.outputSchema.fields()[columns.results[a].index].dataType().equals(DataTypes.LongType);
