@@ -41,7 +41,7 @@ from prometheus_client.registry import Collector
 from app import console_math, metric_queries, queries
 from app.catalog import SinkFile, catalog_for
 from app.sources import DURATION_PHASES, connect, files_relation
-from app.store_totals import RunningTotals
+from app.store_totals import PipelineRunningTotals, RunningTotals
 from pipeline.config import Settings, load_settings
 from pipeline.errors import StatefulStreamsError
 
@@ -64,6 +64,9 @@ METRICS = {
         "job_up": "gauge", "job_state": "gauge",
         "admitted_messages": "gauge", "admitted_bytes": "gauge", "orders_held": "gauge", "orders_sharing": "gauge",
         "orders_shared_total": "counter",
+        "sql_batches_total": "counter", "sql_rows_in_total": "counter", "sql_rows_out_total": "counter",
+        "sql_dead_letters_total": "counter", "sql_restarts_total": "counter", "sql_lag_entries": "gauge",
+        "sql_last_batch_timestamp_seconds": "gauge",
     }.items()
 }
 
@@ -157,6 +160,7 @@ class StoreCollector(Collector):
         self.connection = connect()
         self.latency = LatencyHistogram(self.data_dir)
         self.totals = RunningTotals(self.data_dir)
+        self.pipelines = PipelineRunningTotals(self.data_dir)
 
     def describe(self) -> list:
         return []  # the families depend on the store's contents; registering must not read it
@@ -240,10 +244,34 @@ class StoreCollector(Collector):
         yield _counter("orders_shared_total", "Orders admitted while the changelogs filled the batch cap (exact: the "
                        "orders read in the shared batches, from the share events and the open run's progress rows).",
                        [({}, console_math.sum_order_shares(shares["orders"].tolist())[0])])
+        yield from self._pipeline_families()
         yield _gauge("job_up", "1 while the job is running and writing batches, else 0.",
                      [({}, int(status.state == "running"))])
         yield _gauge("job_state", "The job's state as the console shows it: 1 for the current state.",
                      [({"state": name}, int(status.state == name)) for name in JOB_STATES])
+
+
+    def _pipeline_families(self) -> Iterator:
+        """Each SQL pipeline's counters and newest-batch gauges, labelled ``pipeline``."""
+        pipelines = self.pipelines.read()
+
+        def each(column: str) -> list:
+            return [({"pipeline": name}, getattr(totals, column)) for name, totals in pipelines.items()]
+
+        yield _counter("sql_batches_total", "Micro-batches each SQL pipeline completed (its progress rows).",
+                       each("batches"))
+        yield _counter("sql_rows_in_total", "Source messages each SQL pipeline read.", each("rows_in"))
+        yield _counter("sql_rows_out_total", "Change rows each SQL pipeline wrote to its result (and its upsert topic).",
+                       each("rows_out"))
+        yield _counter("sql_dead_letters_total", "Messages each SQL pipeline could not read, kept as dead letters.",
+                       each("dead_letters"))
+        yield _counter("sql_restarts_total", "Restarts of each SQL pipeline from its checkpoint (restart events).",
+                       each("restarts"))
+        yield _gauge("sql_lag_entries", "Broker entries each SQL pipeline's sources hold that it has not read yet "
+                     "(newest batch).", each("lag"))
+        yield _gauge("sql_last_batch_timestamp_seconds", "Trigger time of each SQL pipeline's newest micro-batch "
+                     "(Unix seconds).", [({"pipeline": name}, None if totals.last_ts_ms is None else totals.last_ts_ms / 1000)
+                                         for name, totals in pipelines.items()])
 
 
 class Exporter:

@@ -1,5 +1,6 @@
 """Running totals of the metrics store, for the exporter's counters: batches, rows per sink and
-events per kind, kept up to date by parsing only what the job appended since the last scrape.
+events per kind, kept up to date by parsing only what the job appended since the last scrape;
+and the same per SQL pipeline (rows in and out, dead letters, restarts; :class:`PipelineRunningTotals`).
 
 The first read covers the retained store once (:class:`pipeline.metrics_tail.StreamTail`);
 after that a scrape reads the new lines only, so a counter costs the same on day 30 as on
@@ -19,6 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from pipeline import store
 from pipeline.metrics_tail import StreamTail
 
 SINK_ROWS = {"enriched": "enriched_rows", "missing_state": "missing_rows", "dead_letter": "dead_letter_rows"}
@@ -103,3 +105,57 @@ class RunningTotals:
             sink_rows = [rows for rows in map(progress_sink_rows, self._progress.read_new_lines()) if rows is not None]
             self._totals = add_events(add_sink_rows(self._totals, sink_rows), self._events.read_new())
             return self._totals
+
+
+@dataclass(frozen=True)
+class PipelineTotals:
+    """One SQL pipeline's counts over every progress and event row read so far, and its newest
+    batch's lag (entries not read yet) and time."""
+
+    batches: int = 0
+    rows_in: int = 0
+    rows_out: int = 0
+    dead_letters: int = 0
+    restarts: int = 0
+    lag: int | None = None
+    last_ts_ms: int | None = None
+
+
+def _number(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def add_pipeline_rows(totals: PipelineTotals, progress: list[dict], events: list[dict]) -> PipelineTotals:
+    """The totals with these progress rows (pipeline/sql/progress.py) and events added (pure)."""
+    def total(column: str) -> int:
+        return getattr(totals, column) + sum(_number(row.get(column)) or 0 for row in progress)
+
+    newest = progress[-1] if progress else {"lag": totals.lag, "ts_ms": totals.last_ts_ms}
+    return replace(totals, batches=totals.batches + len(progress), rows_in=total("rows_in"),
+                   rows_out=total("rows_out"), dead_letters=total("dead_letters"),
+                   restarts=totals.restarts + sum(1 for row in events if row.get("kind") == "restart"),
+                   lag=_number(newest.get("lag")), last_ts_ms=_number(newest.get("ts_ms")))
+
+
+class PipelineRunningTotals:
+    """Each SQL pipeline's totals (``<data_dir>/sql/<name>/``, its own metrics store), brought up
+    to date on each :meth:`read` from what was appended since; a pipeline created meanwhile is
+    read from its start. Thread-safe: scrapes may overlap."""
+
+    def __init__(self, data_dir: Path):
+        self.root = store.sql_pipelines_dir(data_dir)
+        self._tails: dict[str, tuple[StreamTail, StreamTail]] = {}
+        self._totals: dict[str, PipelineTotals] = {}
+        self._lock = threading.Lock()
+
+    def read(self) -> dict[str, PipelineTotals]:
+        with self._lock:
+            names = sorted(p.name for p in self.root.iterdir() if (p / "metrics").is_dir()) if self.root.is_dir() else []
+            for name in names:
+                if name not in self._tails:
+                    folder = self.root / name
+                    self._tails[name] = (StreamTail(folder, "progress"), StreamTail(folder, "events"))
+                progress, events = self._tails[name]
+                self._totals[name] = add_pipeline_rows(self._totals.get(name, PipelineTotals()),
+                                                       progress.read_new(), events.read_new())
+            return {name: self._totals[name] for name in names}

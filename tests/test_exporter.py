@@ -207,3 +207,38 @@ def test_pipeline_never_imports_app():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             offenders += [f"{path.relative_to(ROOT)}: {name}" for name in names if name == "app" or name.startswith("app.")]
     assert not offenders
+
+
+def test_each_sql_pipeline_has_its_rows_dead_letters_lag_and_restarts(tmp_path):
+    """Per pipeline, from its own store (<data_dir>/sql/<name>/metrics/): totals over its progress
+    rows and restart events, and its newest batch's lag; a pipeline that appears and rows appended
+    between two scrapes of one exporter are counted, each once."""
+    from pipeline import store
+    from pipeline.metrics import MetricsStore
+
+    def batch(batch_id: int, rows_in: int, rows_out: int, dead: int, lag: int | None) -> dict:
+        return {"ts_ms": 1_800_000_000_000 + batch_id * 1_000, "batch_id": batch_id, "rows_in": rows_in,
+                "rows_out": rows_out, "dead_letters": dead, "lag": lag, "topics": []}
+
+    counts = MetricsStore(store.sql_dir(tmp_path, "counts"))
+    for row in (batch(0, 10, 4, 1, 7), batch(1, 5, 2, 0, 3)):
+        counts.append("progress", row)
+    counts.event("restart", "restart 1/3 in 1s after: boom")
+    exporter = start_exporter(load_settings(env={}, cli={"paths.data_dir": str(tmp_path)}), port=0)
+    try:
+        first = _samples(_get(exporter.url)[1])
+        joins = MetricsStore(store.sql_dir(tmp_path, "joins"))
+        joins.append("progress", batch(0, 3, 3, 0, None))
+        counts.append("progress", batch(2, 1, 1, 2, 0))
+        second = _samples(_get(exporter.url)[1])
+    finally:
+        exporter.close()
+    c = '{pipeline="counts"}'
+    assert (first[f"{P}sql_rows_in_total{c}"], first[f"{P}sql_rows_out_total{c}"]) == (15, 6)
+    assert (first[f"{P}sql_dead_letters_total{c}"], first[f"{P}sql_restarts_total{c}"]) == (1, 1)
+    assert (first[f"{P}sql_batches_total{c}"], first[f"{P}sql_lag_entries{c}"]) == (2, 3)
+    assert first[f"{P}sql_last_batch_timestamp_seconds{c}"] == 1_800_000_001
+    assert (second[f"{P}sql_rows_in_total{c}"], second[f"{P}sql_dead_letters_total{c}"]) == (16, 3)
+    assert (second[f"{P}sql_batches_total{c}"], second[f"{P}sql_lag_entries{c}"]) == (3, 0)
+    j = '{pipeline="joins"}'
+    assert second[f"{P}sql_rows_out_total{j}"] == 3 and f"{P}sql_lag_entries{j}" not in second  # unknown: left out

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.exporter import start_exporter
-from app_fixtures import fixture_data  # noqa: F401 - fixture
+from app_fixtures import write_data_dir
 from pipeline.config import load_settings
 from test_prometheus import _api, prometheus_factory  # noqa: F401 - fixture
 from waiting import wait_for
@@ -55,9 +55,25 @@ def parse_expression(expr: str) -> tuple[set[str], set[tuple[str, str]]]:
 
 
 @pytest.fixture(scope="module")
-def served(fixture_data) -> dict[str, set[str]]:
-    """Sample name -> its label names, as the exporter serves them over the fixture data dir."""
-    exporter = start_exporter(load_settings(env={}, cli={"paths.data_dir": str(fixture_data.data_dir)}), port=0)
+def job_and_pipeline(tmp_path_factory) -> Path:
+    """A data dir with the job's store, as the app fixtures write it, and a SQL pipeline's."""
+    from pipeline import store
+    from pipeline.metrics import MetricsStore
+
+    data_dir = tmp_path_factory.mktemp("grafana") / "data"
+    write_data_dir(data_dir)
+    pipeline = MetricsStore(store.sql_dir(data_dir, "counts"))
+    for batch in range(3):
+        pipeline.append("progress", {"ts_ms": 1_800_000_000_000 + batch * 1_000, "batch_id": batch, "rows_in": 5,
+                                     "rows_out": 2, "dead_letters": 0, "lag": 0, "topics": []})
+    pipeline.event("restart", "restart 1/3 in 1s after: boom")
+    return data_dir
+
+
+@pytest.fixture(scope="module")
+def served(job_and_pipeline) -> dict[str, set[str]]:
+    """Sample name -> its label names, as the exporter serves them over that data dir."""
+    exporter = start_exporter(load_settings(env={}, cli={"paths.data_dir": str(job_and_pipeline)}), port=0)
     try:
         import urllib.request
 
@@ -108,8 +124,8 @@ def test_the_dashboard_shows_the_monitoring_views():
     assert len(ids) == len(set(ids)) and dashboard["uid"] == "stateful-streams"
 
 
-def test_prometheus_evaluates_every_expression(fixture_data, prometheus_factory):
-    exporter = start_exporter(load_settings(env={}, cli={"paths.data_dir": str(fixture_data.data_dir)}), port=0)
+def test_prometheus_evaluates_every_expression(job_and_pipeline, prometheus_factory):
+    exporter = start_exporter(load_settings(env={}, cli={"paths.data_dir": str(job_and_pipeline)}), port=0)
     try:
         host, port = exporter.address
         base = prometheus_factory([f"{host}:{port}"])
