@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
 from bench import (bench_backlog, bench_console, bench_event_time, bench_flink, bench_latency,  # noqa: E402
-                   bench_month, bench_reader_stalls, bench_recovery, bench_sql, bench_startup, bench_state, bench_throughput)
+                   bench_long_run, bench_month, bench_reader_stalls, bench_recovery, bench_sql, bench_startup, bench_state,
+                   bench_throughput)
 from bench.common import RESULTS_DIR, machine, now_utc  # noqa: E402
 
 LATEST = RESULTS_DIR / "latest.json"
@@ -41,6 +42,8 @@ BENCHES = {
     "flink": (bench_flink, []),
     # issue 28: 100,000 batches through the sink writer; about 8 h on this machine under load (bench/README.md)
     "month": (bench_month, ["--batches", "100000", "--at", "1000,10000,100000"]),
+    # issue 28: an hour of the real job at 2,000 orders/s, trigger 0.5 s (memory, disk, pages at the start and the end)
+    "long_run": (bench_long_run, ["--minutes", "60"]),
 }
 
 
