@@ -261,3 +261,16 @@ def test_no_value_fails_spark_under_ansi_mode(spark):
     assert values["ABS(id)"] == (None, None, 2**31 - 1)
     assert values["CAST(score AS INT)"] == (None, None, None)
     assert values["FLOOR(score)"] == (1.7976931348623157e308, None, -1.7976931348623157e308)
+
+
+def test_check_prints_the_spark_sql_of_where_having_and_each_expression(capsys):
+    from pipeline.cli import main
+    from sqlhelp import SQL_DIR
+
+    code = main(["--data-dir", "/tmp/unused-sql-cli", "sql", str(SQL_DIR / "active_users_by_account.sql"), "--check"])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert lines[0].startswith("active_users_by_account: aggregate of users <- ")
+    assert "  WHERE, before the operators: ((coalesce(`s0_op`, 'c') <> 'd') AND (NOT (`s0_id` IS NULL)))" in lines
+    assert "  HAVING: (`agg1` >= 2)" in lines
+    assert "  avgId = (CASE WHEN `agg_2` = 0 THEN NULL ELSE CAST(`agg_1` DIV `agg_2` AS INT) END)" in lines

@@ -66,6 +66,23 @@ def publish_file_samples(settings: Settings, service_url: str, plans) -> None:
         client.close()
 
 
+def describe_spark_sql(plan) -> list[str]:
+    """What Spark evaluates for a plan, one line each (``--check`` prints them): WHERE, the derived
+    columns, HAVING and each computed target column, as the Spark SQL they were translated to."""
+    lines = []
+    if plan.where:
+        lines.append(f"WHERE, before the operators: {plan.where}")
+    if plan.where_joined:
+        lines.append(f"WHERE, on the joined rows: {plan.where_joined}")
+    lines += [f"{d.name} = {d.sql}" for d in plan.derived]
+    lines += [f"{a.name} = {a.function}({a.input or '*'})" for a in plan.aggregates
+              if plan.kind == "aggregate"]
+    if plan.having:
+        lines.append(f"HAVING: {plan.having}")
+    lines += [f"{o.name} = {o.expression}" for o in plan.outputs if o.expression]
+    return lines
+
+
 def launch(settings: Settings, files: list[str], statements: list[str] | None, name: str | None,
            topic_flags: list[str] | None, check: bool, samples: bool, max_batches: int) -> int:
     plans = load_plans(files, statements, name, parse_topic_flags(topic_flags))
@@ -73,6 +90,8 @@ def launch(settings: Settings, files: list[str], statements: list[str] | None, n
         for pipeline, plan, _ in plans:
             sources = ", ".join(f"{t.name} <- {t.topic}" for t in plan.sides)
             print(f"{pipeline}: {plan.kind} of {sources} into {plan.target.name} -> {plan.target.topic}")
+            for line in describe_spark_sql(plan):
+                print(f"  {line}")
         return 0
     from pipeline.job import connect_broker
     from pipeline.runtime.supervisor import stop_on_signals
