@@ -22,14 +22,20 @@ local[2], one data dir per mode), in this order:
    (10 s: the pruning horizon, watermark - lateness - max_wait, is then 12 s behind the
    watermark). A user and an item update every 50 ms (event time = now) keep the watermarks
    moving; ``--warmup`` seconds of orders at ``--rate`` are published and waited for (the
-   event-time job also catches up the processing run's steady messages, late by then, and the
-   watermark's jump past the backlog fires every key's pruning timer at once), then ``--seconds`` at ``--rate`` are measured:
+   event-time job also catches up the processing run's steady messages, late by then), then
+   ``--seconds`` at ``--rate`` are measured:
    p50/p99 of ``enriched_at - published_at`` (the sink writer's time; the Delta commit follows),
    whether the job kept up, the mean batch duration and the time between batch starts, and the
    floor (out-of-orderness + the time between batch starts), with Spark's phases per batch as
    ``bench_latency.py`` reports them;
-3. **state** after each phase, from the job's last progress row: rows, RocksDB memory and SST
-   bytes per lookup, per key.
+3. **wave**, each mode restarted on its checkpoint (lateness 1 h), then one version per
+   changelog partition 59 minutes ahead (within the future horizon): in event time the watermark jumps past
+   every backlog key's versions + lateness + ``max_wait``, so every key with something to prune
+   is pruned in one batch (a restart after downtime, an idle changelog coming back, a replay's
+   end do the same); seconds from the markers' batch to the end of the batch at the new
+   watermark, beside processing time's batch of the same two messages;
+4. **state** after each phase, from the job's last progress row: rows, RocksDB memory and SST
+   bytes per lookup, per key (after the wave: what pruning left).
 
 The 1-minute load average is recorded with every figure. Prints a table and writes
 ``bench/results/event_time.json``.
@@ -119,7 +125,7 @@ def publish_backlog(client, sets: dict[int, dict[str, str]], args, start_ms: int
         producer.flush()
         producer.close()
     print(f"published {counts} to {len(sets)} topic sets in {time.perf_counter() - started:.0f}s", flush=True)
-    end_ms = start_ms + SPAN_MS + 60_000
+    end_ms = counts["marker_ms"] = start_ms + SPAN_MS + 60_000
     for p, topics in sets.items():
         for kind, build in (("users", user), ("items", item)):
             counts[f"{kind}_markers_p{p}"] = mark_every_partition(client, topics[kind], p, build, end_ms)
@@ -222,12 +228,12 @@ def state_figures(row: dict, keys: dict[str, int]) -> dict:
 
 
 # ---------------------------------------------------------------------------- one job
-def job_settings(mode: str, url: str, topics: dict, data_dir: Path, args, lateness: str):
+def job_settings(mode: str, url: str, topics: dict, data_dir: Path, args, lateness: str, **more: str):
     return load_settings(env={}, cli={
         "pulsar.service_url": url, "paths.data_dir": str(data_dir), "spark.master": "local[2]",
         "job.trigger_interval": args.trigger, "enrichment.time": mode, "enrichment.max_wait": args.max_wait,
         "enrichment.out_of_orderness": args.out_of_orderness, "enrichment.allowed_lateness": lateness,
-        "enrichment.idle_timeout": "0s", **{f"topics.{k}": v for k, v in topics.items()}})
+        "enrichment.idle_timeout": "0s", **{f"topics.{k}": v for k, v in topics.items()}, **more})
 
 
 class Job:
@@ -342,6 +348,59 @@ def run_steady(mode: str, p: int, url: str, topics: dict, work: Path, args, publ
     return figures
 
 
+# The wave's markers: past every backlog key's pruning time (its second version + 1 h + max_wait: at most
+# 55 minutes after publishing) and within enrichment.future_horizon (1 h) of their publish time.
+WAVE_AHEAD_MS = 59 * 60_000
+
+
+def run_wave(mode: str, p: int, url: str, topics: dict, work: Path, args, marker_ms: int) -> dict:
+    """The watermark's jump: the mode's job restarted on its checkpoint (lateness 1 h, as the
+    backlog was read), then one version per changelog partition 59 minutes ahead of now. In event time the watermark jumps past every backlog key's versions + 1 h +
+    max_wait, so every key with something to prune is pruned in that batch (by its timer); in
+    processing time the same two messages are one small batch. The batches from the markers'
+    read to the batch run at the new watermark, and the state after it."""
+    import pulsar
+
+    data_dir = work / f"p{p}-{mode}"
+    settings = job_settings(mode, url, topics, data_dir, args, "1h")
+    client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    with Job(settings, work / f"p{p}-{mode}-wave.log") as job:
+        try:
+            # one version at the backlog markers' time (it moves no watermark) to have the restarted
+            # job load its state in a batch of its own, before the jump
+            restarted = int(time.time() * 1000)
+            mark_every_partition(client, topics["users"], 1, user, marker_ms)
+            wait_until(lambda: any(r["num_input_rows"] for r in progress_since(data_dir, restarted)), args.timeout,
+                       f"{mode}: the restarted job's first batch", 0.5, job.check)
+            since = int(time.time() * 1000)
+            at = since + WAVE_AHEAD_MS
+            for kind, build in (("users", user), ("items", item)):
+                mark_every_partition(client, topics[kind], p, build, at)
+        finally:
+            client.close()
+        target = at - int(settings["enrichment.out_of_orderness"] * 1000)
+
+        def done() -> list[dict] | None:
+            batches = progress_since(data_dir, since)
+            if mode == "processing":
+                return batches if any(r["num_input_rows"] for r in batches) else None
+            fired = {r["batch_id"] for r in read_rows(data_dir, "watermarks", since)
+                     if (r["watermark_ms"] or 0) >= target}
+            return batches if fired and any(r["batch_id"] in fired for r in batches) else None
+
+        batches = wait_until(done, args.timeout, f"{mode}: the batch at the jumped watermark", 0.5, job.check)
+        load = load_average()
+    last = batches[-1]
+    figures = {
+        "batches": len(batches), "batch_ms": [b["batch_duration_ms"] for b in batches],
+        "seconds": round((last["ts_ms"] + last["batch_duration_ms"] - batches[0]["ts_ms"]) / 1000, 1),
+        "longest_batch_ms": max(b["batch_duration_ms"] for b in batches),
+        "state": state_figures(last, {"users": args.users, "items": args.items}), "load_average": load}
+    print(f"  {mode:<10} p={p}: the watermark jump took {figures['seconds']}s over {len(batches)} batches, "
+          f"longest {figures['longest_batch_ms']:,} ms (load {load[0]})", flush=True)
+    return figures
+
+
 # ---------------------------------------------------------------------------- the run
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -360,9 +419,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--out-of-orderness", default="1s")
     parser.add_argument("--max-wait", default="2s")
     parser.add_argument("--lateness", default="10s", help="enrichment.allowed_lateness of the steady phase")
+    parser.add_argument("--phases", default="backlog,steady,wave",
+                        help="which phases to run, in this order (steady and wave need backlog's checkpoints)")
     parser.add_argument("--keep", action="store_true", help="keep the broker and the data dirs (their path is printed)")
     args = parser.parse_args(argv)
     partitions = [int(p) for p in args.partitions.split(",")]
+    phases = set(args.phases.split(","))
     import pulsar
 
     began = time.perf_counter()
@@ -405,9 +467,14 @@ def main(argv=None) -> dict:
                 run["event_vs_processing_orders_per_s"] = ratio(run["event"]["backlog"]["orders_per_s"],
                                                                 run["processing"]["backlog"]["orders_per_s"])
                 published = {"orders": args.orders}
-                for mode in MODES:
-                    run[mode]["steady"] = run_steady(mode, p, broker.service_url, topics, work, args, published)
-                    record(False)
+                if "steady" in phases:
+                    for mode in MODES:
+                        run[mode]["steady"] = run_steady(mode, p, broker.service_url, topics, work, args, published)
+                        record(False)
+                if "wave" in phases:
+                    for mode in MODES:
+                        run[mode]["wave"] = run_wave(mode, p, broker.service_url, topics, work, args, counts["marker_ms"])
+                        record(False)
     finally:
         if args.keep:
             print(f"kept {work}", flush=True)
@@ -438,6 +505,18 @@ def table_rows(result: dict) -> list[tuple[str, str, str, str]]:
         out.append((f"event time, {p} partition(s) per topic: backlog orders/s, {w['users']:,} users × {w['versions']} "
                     f"versions, {w['orders']:,} orders (target >= 0.8)", f"{eb['orders_per_s']:,}{load(eb)}",
                     f"processing time {pb['orders_per_s']:,}{load(pb)}", f"{run['event_vs_processing_orders_per_s']:.2f}"))
+        ew, pw = e.get("wave"), pr.get("wave")
+        if ew and pw:
+            out.append((f"event time, {p} partition(s): the watermark's jump past the backlog (every key's pruning "
+                        "timer due), s from the markers' batch to the batch at the new watermark; longest batch",
+                        f"{ew['seconds']:,} s; {ew['longest_batch_ms']:,} ms{load(ew)}",
+                        f"processing time {pw['seconds']:,} s; {pw['longest_batch_ms']:,} ms{load(pw)}",
+                        f"{ew['seconds'] / pw['seconds']:.2f}" if pw["seconds"] else "–"))
+            ewu, pwu = ew["state"]["user_lookup"], pw["state"]["user_lookup"]
+            out.append((f"event time, {p} partition(s): user state after the jump (pruned), SST bytes per key",
+                        f"{ewu['sst_bytes_per_key'] or 0:,.0f} B", f"processing time {pwu['sst_bytes_per_key'] or 0:,.0f} B",
+                        f"{ewu['sst_bytes_per_key'] / pwu['sst_bytes_per_key']:.2f}" if ewu["sst_bytes_per_key"]
+                        and pwu["sst_bytes_per_key"] else "–"))
         es, ps = e.get("steady") or {}, pr.get("steady") or {}
         label = f"event time, {p} partition(s): p50 / p99 at {w['steady_rate']:,.0f}/s (target p99 <= out-of-orderness + 2 s)"
         if "p99_ms" not in es or "p99_ms" not in ps:
