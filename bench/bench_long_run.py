@@ -46,10 +46,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
 from bench.common import (BenchError, alive, bench_topics, job_memory, load_average, machine, now_utc,  # noqa: E402
-                          pss_bytes, rss_bytes, wait_until, write_result)
+                          percentile, pss_bytes, rss_bytes, wait_until, write_result)
 from pipeline import store  # noqa: E402
 from pipeline.config import load_settings  # noqa: E402
 from pipeline.feed.broker import EmbeddedBroker, die_with_parent  # noqa: E402
+from pipeline.metrics import read_rows  # noqa: E402
 from pipeline.metrics_tail import parse_lines, tail_lines  # noqa: E402
 
 NAME = "long_run"
@@ -380,6 +381,9 @@ def main(argv: list[str] | None = None) -> dict:
         job_settings = {key: settings[key] for key in ("job.trigger_interval", "sinks.compact_interval",
                                                        "sinks.vacuum_retention", "metrics.retention")}
         events = [row["kind"] for row in parse_lines(tail_lines(settings.data_dir, "events", 10_000)[0])]
+        window_ms = (time.time() - minutes * 60) * 1000  # the batches of the measured window
+        batches = [row for row in read_rows(settings.data_dir, "progress") if row.get("ts_ms", 0) >= window_ms]
+        durations = [row.get("batch_duration_ms") or 0 for row in batches]
         result = {
             "date": now_utc(), "machine": machine(), "partial": args.minutes < HOUR_MIN,
             "workload": {"rate": args.rate, "trigger_interval_s": settings["job.trigger_interval"], "minutes": args.minutes,
@@ -390,6 +394,10 @@ def main(argv: list[str] | None = None) -> dict:
                                  "median_s": round(statistics.median(scrapes), 3) if scrapes else None,
                                  "max_s": round(max(scrapes), 3) if scrapes else None},
             "maintenance_rounds": events.count("sinks_maintained"), "metrics_pruned_rounds": events.count("metrics_pruned"),
+            "job_batches": {"count": len(batches), "orders_read": sum(row.get("num_input_rows") or 0 for row in batches),
+                            "duration_ms_p50": percentile(durations, 50), "duration_ms_p99": percentile(durations, 99),
+                            "orders_backlog_max_sampled": max((s["batch"].get("backlog", {}).get("orders") or 0
+                                                               for s in samples), default=None)},
             "samples": samples,
             "verdict": judge(start, end, samples, job_settings, minutes),
             "wall_s": round(time.perf_counter() - began_wall, 1),
@@ -407,6 +415,7 @@ def main(argv: list[str] | None = None) -> dict:
     for page, entry in verdict["pages"].items():
         print(f"  page {page}: {entry}")
     print(f"  exporter scrape: {verdict['exporter_scrape_s']}; scrapes {result['exporter_scrapes']}")
+    print(f"  the job's batches in the window: {result['job_batches']}")
     return result
 
 
