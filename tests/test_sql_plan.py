@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pyarrow as pa
 import pytest
 
 from pipeline.sql.envelope import decide_row, envelope_fields, table_specs
+from pipeline.sql.launch import describe_spark_sql
 from pipeline.sql.plan import UnsupportedSql, build_plan, split_statements
 from pipeline.sql.sink import build_dead_letters, build_messages, build_result
 from sqlhelp import COUNT_SQL, JOIN_SQL
@@ -45,10 +47,17 @@ def test_statements_split_at_semicolons_outside_strings():
 @pytest.mark.parametrize("query, message", [
     ("INSERT INTO counts (accountId, n) SELECT accountId, AVG(score) FROM users GROUP BY accountId",
      "column 'n' is BIGINT but its expression gives DOUBLE; CAST it to BIGINT, or declare the target column as DOUBLE"),
-    ("INSERT INTO counts (accountId, n) SELECT u.accountId, u.id FROM users u JOIN counts c ON u.uid = c.accountId",
-     "is not supported; supported: LEFT JOIN table ON a.pk = b.pk"),
+    ("INSERT INTO counts (accountId, n) SELECT u.accountId, u.id FROM users u RIGHT JOIN counts c ON u.uid = c.accountId",
+     "'RIGHT JOIN counts AS c ON u.uid = c.accountId' is not supported; supported: LEFT [OUTER] JOIN or [INNER] JOIN "
+     "table ON a.pk = b.pk"),
+    ("INSERT INTO counts (accountId, n) SELECT u.accountId, u.id FROM users u FULL OUTER JOIN counts c ON u.uid = c.accountId",
+     "'FULL OUTER JOIN counts AS c ON u.uid = c.accountId' is not supported; supported: LEFT [OUTER] JOIN"),
+    ("INSERT INTO counts (accountId, n) SELECT u.accountId, u.id FROM users u CROSS JOIN counts c",
+     "'CROSS JOIN counts AS c' is not supported; supported: LEFT [OUTER] JOIN"),
+    ("INSERT INTO counts (accountId, n) SELECT u.accountId, u.id FROM users u INNER JOIN counts c ON u.accountId = c.accountId",
+     "ON must equate users.uid with counts.accountId; supported: JOINs on the primary keys"),
     ("INSERT INTO counts (accountId, n) SELECT u.accountId, u.id FROM users u LEFT JOIN counts c ON u.accountId = c.accountId",
-     "ON must equate users.uid with counts.accountId; supported: LEFT JOINs on the primary keys"),
+     "ON must equate users.uid with counts.accountId; supported: JOINs on the primary keys"),
     ("INSERT INTO counts (n, accountId) SELECT accountId, COUNT(1) FROM users GROUP BY accountId",
      "its PRIMARY KEY 'accountId' must be filled from the GROUP BY column (accountId)"),
     ("DELETE FROM users", "statement DELETE is not supported; supported: CREATE TABLE"),
@@ -57,7 +66,7 @@ def test_statements_split_at_semicolons_outside_strings():
     ("INSERT INTO counts (accountId, n) SELECT u.uid, u.id FROM users u LEFT JOIN counts FOR SYSTEM_TIME AS OF u.ts AS c "
      "ON u.uid = c.accountId", "FOR SYSTEM_TIME AS OF (a temporal join) is not supported yet"),
     ("INSERT INTO counts (accountId, n) SELECT u.uid, u.id FROM users u LEFT JOIN users v ON u.uid = v.uid",
-     "table 'users' is joined to itself; supported: LEFT JOINs of different tables"),
+     "table 'users' is joined to itself; supported: JOINs of different tables"),
     ("INSERT INTO counts (accountId, n) SELECT accountId, SUM(score) FROM users GROUP BY accountId",
      "column 'n' is BIGINT but SUM(…) gives DOUBLE; CAST it to BIGINT"),
     ("INSERT INTO counts (accountId, n) SELECT uid, score FROM users",
@@ -78,13 +87,27 @@ def test_the_cli_refuses_an_unsupported_statement_with_one_line(capsys):
     err = capsys.readouterr().err
     assert code == 2
     assert err == ("error: ORDER BY is not supported in INSERT INTO counts; supported: SELECT … FROM t [WHERE …] "
-                   "GROUP BY … [HAVING …] with COUNT, SUM, MIN, MAX, AVG; or SELECT … FROM t [LEFT JOIN t2 ON "
-                   "t.pk = t2.pk …] [WHERE …]\n")
+                   "GROUP BY … [HAVING …] with COUNT, SUM, MIN, MAX, AVG; or SELECT … FROM t [[LEFT|INNER] JOIN t2 "
+                   "ON t.pk = t2.pk …] [WHERE …]\n")
 
 
 def test_a_joined_table_whose_columns_are_not_selected_still_has_a_state_column():
     plan = build_plan(JOIN_SQL.read_text().replace("ufchz.favoriteCheese", "u.fullName"))
     assert [name for name, _ in envelope_fields(plan) if name.startswith("s2_")] == ["s2_userUid"]
+
+
+def test_left_outer_join_is_a_left_join_and_an_inner_join_needs_its_sides_row():
+    left = build_plan(JOIN_SQL.read_text())
+    outer = build_plan(JOIN_SQL.read_text().replace("LEFT JOIN", "LEFT OUTER JOIN"))
+    assert outer == replace(left, statements=outer.statements) and left.inner == () and left.where_joined is None
+    inner = build_plan(JOIN_SQL.read_text().replace("LEFT JOIN", "JOIN", 1).replace("LEFT JOIN", "INNER JOIN"))
+    assert inner.inner == (1, 2) and inner.where_joined == "(`present1` AND `present2`)"
+    assert describe_spark_sql(inner) == [
+        "WHERE, on the joined rows: (`present1` AND `present2`) (`present1`: user_favorite_color has the key's row, "
+        "an inner join) (`present2`: user_favorite_cheese has the key's row, an inner join)"]
+    mixed = build_plan(JOIN_SQL.read_text().replace("LEFT JOIN", "INNER JOIN", 1).rstrip().rstrip(";")
+                       + " WHERE ufchz.favoriteCheese <> 'x';")
+    assert mixed.inner == (1,) and mixed.where_joined == "(`present1` AND (`s2_favoriteCheese` <> 'x'))"
 
 
 def test_a_temporary_table_is_a_table_and_a_computed_column_is_refused_in_one_line():

@@ -166,6 +166,30 @@ CASES = [
              ((("colors", "u1", None),), (("u1", row(uid="u1", color=None)),)),
          ),
          joined=(("colors", "userUid STRING, color STRING", "userUid"),)),
+    Case("inner_join_with_a_side_that_comes_late_goes_and_comes_back",
+         "uid STRING, accountId STRING",
+         "uid STRING, color STRING, cheese STRING",
+         "INSERT INTO out SELECT u.uid, c.color, COALESCE(h.cheese, 'none') FROM users u "
+         "JOIN colors c ON u.uid = c.userUid LEFT OUTER JOIN cheeses h ON u.uid = h.userUid",
+         (
+             # u1 has no color yet: no row for it
+             ((("u1", {"uid": "u1", "accountId": "A"}), ("u2", {"uid": "u2", "accountId": "A"}),
+               ("colors", "u2", {"userUid": "u2", "color": "red"})),
+              (("u2", row(uid="u2", color="red", cheese="none")),)),
+             # its color comes late: the row appears; the LEFT OUTER side fills in as it comes
+             ((("colors", "u1", {"userUid": "u1", "color": "blue"}),), (("u1", row(uid="u1", color="blue", cheese="none")),)),
+             ((("cheeses", "u1", {"userUid": "u1", "cheese": "brie"}),), (("u1", row(uid="u1", color="blue", cheese="brie")),)),
+             # the color is deleted: retracted; a change meanwhile sends nothing
+             ((("colors", "u1", None),), (("u1", ""),)),
+             ((("cheeses", "u1", {"userUid": "u1", "cheese": "feta"}),), ()),
+             # the color comes back: the row appears, with what changed meanwhile
+             ((("colors", "u1", {"userUid": "u1", "color": "green"}),), (("u1", row(uid="u1", color="green", cheese="feta")),)),
+             # the driving row goes: retracted; then its color goes, which sends nothing more
+             ((("u2", None),), (("u2", ""),)),
+             ((("colors", "u2", None),), ()),
+             ((("u1", {"uid": "u1", "accountId": "B"}),), (("u1", row(uid="u1", color="green", cheese="feta")),)),
+         ),
+         joined=(("colors", "userUid STRING, color STRING", "userUid"), ("cheeses", "userUid STRING, cheese STRING", "userUid"))),
 ]
 
 

@@ -73,7 +73,9 @@ def describe_spark_sql(plan) -> list[str]:
     if plan.where:
         lines.append(f"WHERE, before the operators: {plan.where}")
     if plan.where_joined:
-        lines.append(f"WHERE, on the joined rows: {plan.where_joined}")
+        inner = "".join(f" (`present{side}`: {plan.sides[side].name} has the key's row, an inner join)"
+                        for side in plan.inner)
+        lines.append(f"WHERE, on the joined rows: {plan.where_joined}{inner}")
     lines += [f"{d.name} = {d.sql}" for d in plan.derived]
     lines += [f"{a.name} = {a.function}({a.input or '*'})" for a in plan.aggregates
               if plan.kind == "aggregate"]

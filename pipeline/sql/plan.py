@@ -15,9 +15,10 @@ The supported subset (DESIGN.md §11):
   - ``SELECT g…, COUNT(1|*|x) | SUM(x) | MIN(x) | MAX(x) | AVG(x) | expressions of them … FROM t
     [WHERE …] GROUP BY g… [HAVING …]`` (the target's primary key is the group column, or one
     expression of every group column);
-  - ``SELECT expressions FROM t [a] [LEFT JOIN t2 [b] ON a.pk = b.pk]… [WHERE …]`` (every join on
-    the two tables' primary keys; WHERE's conditions on the driving table run before the
-    operators, the others on the joined rows; the target's primary key is the driving table's).
+  - ``SELECT expressions FROM t [a] [LEFT [OUTER] | [INNER] JOIN t2 [b] ON a.pk = b.pk]… [WHERE …]``
+    (every join on the two tables' primary keys; WHERE's conditions on the driving table run
+    before the operators, the others on the joined rows, with an inner join's "its side has a
+    row"; the target's primary key is the driving table's).
   Expressions are translated to Spark SQL (pipeline/sql/expressions.py, pipeline/sql/select.py)
   and typed: a value that does not fit its target column is refused here.
 """
@@ -39,13 +40,21 @@ if TYPE_CHECKING:
 AGGREGATES = {exp.Count: "COUNT", exp.Sum: "SUM", exp.Min: "MIN", exp.Max: "MAX"}
 REQUIRED_OPTIONS = {"connector": "upsert-pulsar", "key.format": "raw", "value.format": "json"}
 SHAPES = ("SELECT … FROM t [WHERE …] GROUP BY … [HAVING …] with COUNT, SUM, MIN, MAX, AVG; "
-          "or SELECT … FROM t [LEFT JOIN t2 ON t.pk = t2.pk …] [WHERE …]")
-__all__ = ["UnsupportedSql", "build_plan", "Plan", "Table", "Column", "Output", "field_name", "resolve_column"]
+          "or SELECT … FROM t [[LEFT|INNER] JOIN t2 ON t.pk = t2.pk …] [WHERE …]")
+JOINS = "LEFT [OUTER] JOIN or [INNER] JOIN table ON a.pk = b.pk"
+__all__ = ["UnsupportedSql", "build_plan", "Plan", "Table", "Column", "Output", "field_name", "present_field",
+           "resolve_column"]
 
 
 def field_name(side: int, column: str) -> str:
     """The envelope's column of a table's column: ``s<side>_<column>``."""
     return f"s{side}_{column}"
+
+
+def present_field(side: int) -> str:
+    """The column that is TRUE on an inner-joined side's rows (``present<side>``), kept in
+    UpsertJoin's state with the side's row: NULL in a joined row that side is missing from."""
+    return f"present{side}"
 
 
 @dataclass(frozen=True)
@@ -108,6 +117,7 @@ class Plan:
     group_fields: tuple[str, ...] = ()  # every group's envelope column (s0_x or d<n>)
     reads: tuple[tuple[int, str], ...] = ()  # (side, column) the expressions read
     group_labels: tuple[str, ...] = ()  # the GROUP BY items as written
+    inner: tuple[int, ...] = ()  # the sides joined by an [INNER] JOIN: a result row needs their row
 
     @property
     def key_output(self) -> Output:
@@ -238,16 +248,23 @@ def build_query(insert: exp.Insert, tables: dict[str, Table], statements: tuple[
                                  f"supported yet; supported: {SHAPES}")
     sides = [_table(tables, driving.name, "FROM")]
     aliases = {(driving.alias_or_name).lower(): 0, driving.name.lower(): 0}
+    inner = []
     for join in select.args.get("joins") or []:
         side = _join(join, tables, sides, aliases)
+        if join.side != "LEFT":
+            inner.append(side)
         aliases[join.this.alias_or_name.lower()] = side
         aliases[join.this.name.lower()] = side
     group = select.args.get("group")
     if group and len(sides) > 1:
-        raise UnsupportedSql("GROUP BY over a JOIN is not supported; supported: GROUP BY over one table, or LEFT JOINs without GROUP BY")
+        raise UnsupportedSql("GROUP BY over a JOIN is not supported; supported: GROUP BY over one table, or JOINs without GROUP BY")
     query = Query(sides, aliases)
     where = select.args.get("where")
     where_sql, where_joined = query.where(where.this) if where else (None, None)
+    # an inner join as Flink means it on upsert tables: the joined row is there while each inner
+    # side has its row, and retracted (filter_joined, as a WHERE on a joined table) when one goes
+    present = [f"`{present_field(side)}`" for side in inner] + ([where_joined] if where_joined else [])
+    where_joined = None if not present else present[0] if len(present) == 1 else f"({' AND '.join(present)})"
     having = select.args.get("having")
     if having and not group:
         raise UnsupportedSql(f"HAVING without GROUP BY is not supported in INSERT INTO {target.name}; supported: {SHAPES}")
@@ -259,7 +276,7 @@ def build_query(insert: exp.Insert, tables: dict[str, Table], statements: tuple[
     plan = Plan("aggregate" if group else "join", tuple(sides), target, tuple(outputs), tuple(query.group_by), statements,
                 where=where_sql, where_joined=where_joined, having=having_sql, derived=tuple(query.derived), aggregates=tuple(query.aggregates),
                 group_fields=tuple(query.group_fields), reads=tuple(query.reads),
-                group_labels=tuple(g.sql(dialect=Flink) for g in (group.expressions if group else [])))
+                group_labels=tuple(g.sql(dialect=Flink) for g in (group.expressions if group else [])), inner=tuple(inner))
     _check_key(plan)
     _check_types(plan)
     return plan
@@ -325,25 +342,27 @@ def resolve_column(column: exp.Expression, sides: list[Table], aliases: dict[str
 
 def _join(join: exp.Join, tables: dict[str, Table], sides: list[Table], aliases: dict[str, int]) -> int:
     text = join.sql(dialect=Flink)
-    if join.side != "LEFT" or join.kind or not isinstance(join.this, exp.Table):
-        raise UnsupportedSql(f"{text.strip()!r} is not supported; supported: LEFT JOIN table ON a.pk = b.pk")
-    table = _table(tables, join.this.name, "LEFT JOIN")
+    left = join.side == "LEFT" and join.kind in ("", "OUTER")
+    inner = not join.side and join.kind in ("", "INNER")
+    if not (left or inner) or join.method or not isinstance(join.this, exp.Table):
+        raise UnsupportedSql(f"{text.strip()!r} is not supported; supported: {JOINS}")
+    table = _table(tables, join.this.name, "LEFT JOIN" if left else "JOIN")
     if any(side.name.lower() == table.name.lower() for side in sides):
         # one table's rows would meet themselves in one keyed state: refused rather than write nothing
         raise UnsupportedSql(f"{text.strip()!r}: table {table.name!r} is joined to itself; supported: "
-                             "LEFT JOINs of different tables")
+                             "JOINs of different tables")
     sides.append(table)
     index = len(sides) - 1
     scope = {**aliases, join.this.alias_or_name.lower(): index, table.name.lower(): index}
     condition = join.args.get("on")
     if not isinstance(condition, exp.EQ):
-        raise UnsupportedSql(f"{text.strip()!r}: ON must be one equality of primary keys; supported: LEFT JOIN t ON a.pk = t.pk")
+        raise UnsupportedSql(f"{text.strip()!r}: ON must be one equality of primary keys; supported: {JOINS}")
     ends = sorted((resolve_column(condition.this, sides, scope, "ON"), resolve_column(condition.expression, sides, scope, "ON")))
     (left, left_col), (right, right_col) = ends
     if left != 0 or right != index or left_col.lower() != sides[0].primary_key.lower() \
             or right_col.lower() != table.primary_key.lower():
         raise UnsupportedSql(f"{text.strip()!r}: ON must equate {sides[0].name}.{sides[0].primary_key} with "
-                             f"{table.name}.{table.primary_key}; supported: LEFT JOINs on the primary keys")
+                             f"{table.name}.{table.primary_key}; supported: JOINs on the primary keys")
     return index
 
 

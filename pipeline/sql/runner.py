@@ -34,7 +34,7 @@ from pipeline.runtime.freed_memory import give_back_freed_memory
 from pipeline.metrics import MetricsStore, prune_old_days
 from pipeline.sinks import SinkMaintenance, last_committed_batch
 from pipeline.sql.envelope import envelope_ddl, field_name, make_parser, used_columns
-from pipeline.sql.plan import Plan
+from pipeline.sql.plan import Plan, present_field
 from pipeline.sql.progress import build_sql_progress_row
 from pipeline.sql.sink import (SqlSinkWriter, build_dead_letters, build_messages, build_result, output_field,
                                send_messages, split_unsendable)
@@ -119,9 +119,14 @@ def apply_operators(rows, plan: Plan):
     used = used_columns(plan)
     sides = [[field_name(s, c) for s, c in used if s == side] for side in range(len(plan.sides))]
     sides[0] += [d.name for d in plan.derived]  # kept in UpsertJoin's state with the row they came from
+    for side in plan.inner:
+        # TRUE on the side's own rows, kept with them: NULL in a joined row the side is missing from
+        rows = rows.withColumn(present_field(side), F.when(F.col("side") == side, F.lit(True)))
+        sides[side].append(present_field(side))
     aggregate = plan.kind == "aggregate"
-    # a WHERE on a joined table's column needs each key's row as it was (op "before") to know
-    # whether that row was sent (pipeline/sql/sink.py filter_joined)
+    # a WHERE on a joined table's column (or an inner join's "each inner side has a row") needs
+    # each key's row as it was (op "before") to know whether that row was sent
+    # (pipeline/sql/sink.py filter_joined)
     join = (jvm.JoinSpec().key("key").side("side").op("op").sides(sides)
             .readOrder(["source_partition", "position"]).emitBefore(aggregate or plan.where_joined is not None))
     out = DataFrame(jvm.UpsertJoin.apply(rows._jdf, join), spark)
