@@ -18,6 +18,9 @@ USERS = TABLE.format(name="users", columns="uid STRING, accountId STRING, region
                      key="uid")
 COLORS = TABLE.format(name="colors", columns="userUid STRING, color STRING", key="userUid")
 OUT = TABLE.format(name="out", columns="k STRING, n BIGINT, a INT, s DOUBLE, t STRING", key="k")
+META_USERS = TABLE.format(name="users", columns="uid STRING, eventTime TIMESTAMP(3) METADATA, properties MAP<STRING, "
+                          "STRING> METADATA, topic STRING METADATA VIRTUAL, sequenceId BIGINT METADATA VIRTUAL, "
+                          "k STRING METADATA FROM 'key' VIRTUAL", key="uid")
 
 
 def plan_of(query: str):
@@ -173,9 +176,21 @@ def test_the_example_with_where_expressions_avg_and_having_plans():
     (f"{USERS}\n{OUT}\nINSERT INTO out (k) SELECT uid FROM users;\nINSERT INTO out (k) SELECT uid FROM users;",
      "2 INSERT INTO statements; supported: exactly one INSERT INTO … SELECT … per pipeline"),
     (f"{USERS}\nSET 'table.exec.state.ttl' = '1 h';", "statement SET is not supported"),
-    (f"{USERS.replace('score DOUBLE', 'score DOUBLE, eventTime TIMESTAMP(3) METADATA')}\n{OUT}\n"
-     "INSERT INTO out (k, t) SELECT uid, CAST(eventTime AS STRING) FROM users;",
-     "SELECT 'eventTime' is a METADATA column; supported: payload columns"),
+    (f"{META_USERS}\n{OUT}\nINSERT INTO out (k, n) SELECT topic, COUNT(*) FROM users GROUP BY topic;",
+     "GROUP BY 'topic' is a METADATA column; supported there: payload columns (METADATA columns are read in the "
+     "SELECT and WHERE of a query without GROUP BY)"),
+    (f"{META_USERS}\n{OUT}\nINSERT INTO out (k, n) SELECT uid, sequenceId FROM users;",
+     "SELECT 'sequenceId' is METADATA 'sequenceId', which this source does not read; supported: eventTime, "
+     "publishTime, properties, topic, key"),
+    (f"{META_USERS.replace('eventTime TIMESTAMP(3)', 'eventTime BIGINT')}\n{OUT}\n"
+     "INSERT INTO out (k, n) SELECT uid, eventTime FROM users;",
+     "SELECT 'eventTime' is METADATA 'eventTime' declared BIGINT; supported: TIMESTAMP or TIMESTAMP_LTZ"),
+    (f"{META_USERS}\n{OUT}\nINSERT INTO out (k, t) SELECT uid, eventTime FROM users;",
+     "column 't' is STRING but eventTime gives TIMESTAMP(3); CAST it to STRING"),
+    (f"{META_USERS}\n{OUT}\nINSERT INTO out (k, t) SELECT uid, CAST(properties AS STRING) FROM users;",
+     "SELECT 'CAST(properties AS STRING)': CAST of a MAP is not supported; supported: its values, map['key']"),
+    (f"{META_USERS}\n{META_USERS.replace('users', 'copy')}\nINSERT INTO copy (uid, topic) SELECT uid, topic FROM users;",
+     "INSERT INTO copy: column 'topic' is a METADATA column; writing METADATA is not supported; supported: payload columns"),
 ])
 def test_views_statement_sets_and_metadata_in_a_query_are_refused_in_one_line(script, message):
     with pytest.raises(UnsupportedSql, match=re.escape(message)) as caught:
@@ -274,3 +289,25 @@ def test_check_prints_the_spark_sql_of_where_having_and_each_expression(capsys):
     assert "  WHERE, before the operators: ((coalesce(`s0_op`, 'c') <> 'd') AND (NOT (`s0_id` IS NULL)))" in lines
     assert "  HAVING: (`agg1` >= 2)" in lines
     assert "  avgId = (CASE WHEN `agg_2` = 0 THEN NULL ELSE CAST(`agg_1` DIV `agg_2` AS INT) END)" in lines
+
+
+def test_metadata_columns_are_read_from_the_message_in_select_and_where():
+    from datetime import datetime, timezone
+
+    from pipeline.sql.envelope import envelope_fields, table_specs
+    from pipeline.sql.metadata import metadata_values
+
+    plan = build_plan(f"{META_USERS}\n{OUT}\nINSERT INTO out (k, t, a) SELECT uid, CAST(eventTime AS STRING) || "
+                      "properties['tier'] || k, CHAR_LENGTH(topic) FROM users WHERE properties['skip'] IS NULL;")
+    assert plan.where == "(try_element_at(`s0_properties`, 'skip') IS NULL)"
+    assert plan.outputs[1].expression == ("concat(concat(date_format(`s0_eventTime`, 'yyyy-MM-dd HH:mm:ss.SSS'), "
+                                          "try_element_at(`s0_properties`, 'tier')), `s0_k`)")
+    assert dict(envelope_fields(plan))["s0_properties"] == "map<string,string>"
+    spec = table_specs(plan)["users"]["metadata"]
+    row = {"topic": "persistent://public/default/users", "key": "u1", "event_time": 1700000000100,
+           "properties": '{"tier": "gold"}', "publish_time": None}
+    assert metadata_values(spec, row) == {
+        "s0_eventTime": datetime(2023, 11, 14, 22, 13, 20, 100000, tzinfo=timezone.utc),
+        "s0_properties": [("tier", "gold")], "s0_topic": "persistent://public/default/users", "s0_k": "u1"}
+    # a message without an event time or properties: NULL, and an empty map
+    assert metadata_values(spec, {**row, "event_time": None, "properties": None})["s0_eventTime"] is None

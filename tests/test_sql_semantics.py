@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+import pulsar
 import pytest
 
 from factories import publish
@@ -32,7 +33,7 @@ class Case:
     target: str  # the target table's columns (its key first)
     insert: str
     # ((message, …), (changelog entry, …)): a message is ([table,] key, record or None for a tombstone);
-    # the table is users unless named
+    # the table is users unless named; with_metadata(…) is a users message with properties and an event time
     steps: tuple
     joined: tuple[tuple[str, str, str], ...] = ()  # other tables: (name, columns, primary key)
 
@@ -40,6 +41,21 @@ class Case:
         tables = [TABLE.format(name=name, columns=columns, key=key) for name, columns, key in self.joined]
         return "\n".join([TABLE.format(name="users", columns=self.source, key="uid"), *tables,
                           TABLE.format(name="out", columns=self.target, key=self.target.split()[0]), self.insert + ";"])
+
+
+def with_metadata(key: str, record: dict, properties: dict | None, event_time_ms: int) -> tuple:
+    """A users message sent with properties and an event time."""
+    return ("users", key, record, {"properties": properties, "event_time": event_time_ms})
+
+
+def publish_with_metadata(url: str, topic: str, key: str, record: dict, metadata: dict) -> None:
+    client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        producer = client.create_producer(topic, batching_enabled=False)
+        producer.send(message(key, record)[1], partition_key=key, properties=metadata["properties"] or {},
+                      event_timestamp=metadata["event_time"])
+    finally:
+        client.close()
 
 
 def row(**values) -> str:
@@ -190,6 +206,23 @@ CASES = [
              ((("u1", {"uid": "u1", "accountId": "B"}),), (("u1", row(uid="u1", color="green", cheese="feta")),)),
          ),
          joined=(("colors", "userUid STRING, color STRING", "userUid"), ("cheeses", "userUid STRING, cheese STRING", "userUid"))),
+    Case("metadata_columns_in_a_projection",
+         "uid STRING, name STRING, eventTime TIMESTAMP(3) METADATA, properties MAP<STRING, STRING> METADATA, "
+         "topic STRING METADATA VIRTUAL, k STRING METADATA FROM 'key' VIRTUAL, sequenceId BIGINT METADATA VIRTUAL",
+         "uid STRING, name STRING, at STRING, tier STRING, ours BOOLEAN, k STRING",
+         "INSERT INTO out SELECT uid, name, CAST(eventTime AS STRING), COALESCE(properties['tier'], 'none'), "
+         "topic LIKE 'persistent://public/default/users-%', k FROM users WHERE properties['skip'] IS NULL",
+         (
+             # a message without event time or properties reads NULL and an empty map
+             ((with_metadata("u1", {"uid": "u1", "name": "al"}, {"tier": "gold"}, 1700000000123),
+               ("u2", {"uid": "u2", "name": "bo"})),
+              (("u1", row(uid="u1", name="al", at="2023-11-14 22:13:20.123", tier="gold", ours=True, k="u1")),
+               ("u2", row(uid="u2", name="bo", at=None, tier="none", ours=True, k="u2")))),
+             # WHERE on a property: a new version that stops matching is retracted, one that matches appears
+             ((with_metadata("u1", {"uid": "u1", "name": "al"}, {"skip": "yes"}, 1700000000200),), (("u1", ""),)),
+             ((with_metadata("u1", {"uid": "u1", "name": "al"}, None, 1700000000100),),
+              (("u1", row(uid="u1", name="al", at="2023-11-14 22:13:20.100", tier="none", ours=True, k="u1")),)),
+         )),
 ]
 
 
@@ -201,6 +234,9 @@ def test_changelog_of_each_statement(case, settings_factory, broker, spark):
 
     def send(messages) -> None:
         for sent in messages:
+            if len(sent) == 4:
+                publish_with_metadata(url, topics[sent[0]], *sent[1:])
+                continue
             table, key, record = sent if len(sent) == 3 else ("users", *sent)
             publish(url, topics[table], [message(key, record)])
 

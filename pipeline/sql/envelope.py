@@ -8,8 +8,9 @@ Each source message becomes one envelope row::
 
 - ``side`` is the table's index in the plan (0 is the driving table); ``op`` is ``upsert``, ``delete``
   (an empty payload: a tombstone) or ``dead``.
-- ``s<side>_<column>`` hold the payload columns the query uses, typed as declared. Every declared
-  payload column is checked: a value of the wrong type (a string where an INT is declared),
+- ``s<side>_<column>`` hold the payload columns the query uses, typed as declared, and the METADATA
+  columns it reads (pipeline/sql/metadata.py: the message's ``eventTime``, ``properties``, …).
+  Every declared payload column is checked: a value of the wrong type (a string where an INT is declared),
   invalid UTF-8 or JSON, a payload that is not an object, or a message without a key makes the row
   ``dead`` with a one-line ``error`` naming the table and column. A missing or null field is null,
   as Flink's JSON format reads it.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import json
 
 from pipeline import wire
+from pipeline.sql.metadata import metadata_values
 from pipeline.sql.plan import Plan, field_name
 
 INT_RANGE = {"int": (-2**31, 2**31 - 1), "bigint": (-2**63, 2**63 - 1)}
@@ -68,6 +70,8 @@ def table_specs(plan: Plan) -> dict[str, dict]:
         "side": side,
         "columns": [(c.name, c.sql_type, c.spark_type) for c in table.payload_columns],
         "fields": {column: field_name(side, column) for s, column in used if s == side},
+        "metadata": {field_name(side, column): table.column(column).metadata_key for s, column in used
+                     if s == side and table.column(column).metadata},
     } for side, table in enumerate(plan.sides)}
 
 
@@ -136,13 +140,16 @@ def make_parser(plan: Plan):
         import pyarrow as pa
 
         types = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(), "double": pa.float64(),
-                 "boolean": pa.bool_()}
+                 "boolean": pa.bool_(), "timestamp": pa.timestamp("us", tz="UTC"),
+                 "map<string,string>": pa.map_(pa.string(), pa.string())}
         schema = pa.schema([(name, types[kind]) for name, kind in fields])
         for batch in batches:
             columns = {name: [] for name, _ in fields}
             for row in batch.to_pylist():
                 spec = specs[row["kind"]]
                 op, values, error = decide_row(spec, row["kind"], row["key"], row["value"])
+                if op == "upsert" and spec["metadata"]:
+                    values.update(metadata_values(spec["metadata"], row))
                 published = row.get("publish_time")
                 base = {"key": row["key"], "side": spec["side"], "op": op, "source_partition": row["partition"],
                         "position": row["position"], "source_topic": row["topic"],

@@ -2,7 +2,8 @@
 
 Pure: :func:`translate` walks a sqlglot expression (parsed with the Flink dialect of
 pipeline/sql/dialect.py) and returns a :class:`Typed`: the Spark SQL that computes it and its
-type (``string``, ``int``, ``bigint``, ``double``, ``boolean``, or ``null`` for a NULL literal).
+type (``string``, ``int``, ``bigint``, ``double``, ``boolean``, or ``null`` for a NULL literal; a
+METADATA column may be ``timestamp`` or ``map<string,string>``).
 Anything outside the supported set, or of the wrong type, raises :class:`UnsupportedSql` with one
 line naming the expression. Columns (and, in an aggregate, group expressions and aggregate calls)
 are resolved by the caller's ``resolve`` function.
@@ -35,7 +36,7 @@ SUPPORTED_TYPES = "STRING, VARCHAR, CHAR, INT, SMALLINT, TINYINT, BIGINT, DOUBLE
 CAST_TYPES = {"TEXT": "string", "VARCHAR": "string", "CHAR": "string", "INT": "int", "BIGINT": "bigint",
               "DOUBLE": "double", "BOOLEAN": "boolean"}
 SPARK_NAMES = {"string": "STRING", "int": "INT", "bigint": "BIGINT", "double": "DOUBLE", "boolean": "BOOLEAN",
-               "null": "NULL"}
+               "null": "NULL", "timestamp": "TIMESTAMP(3)", "map<string,string>": "MAP<STRING, STRING>"}
 NUMERIC = ("int", "bigint", "double")
 WHOLE = ("int", "bigint")
 FUNCTIONS = ("CAST, CASE, IF, COALESCE, NULLIF, ||, CONCAT, CONCAT_WS, UPPER, LOWER, INITCAP, TRIM, LTRIM, RTRIM, "
@@ -207,8 +208,24 @@ def _cast(node, t, clause: str) -> Typed:
     if target is None:
         raise _refuse(node, clause, f"CAST to {flink_text(node.to)} is not supported; supported: STRING, VARCHAR, "
                                     "CHAR, INT, BIGINT, DOUBLE, BOOLEAN")
+    if value.type == "map<string,string>":
+        raise _refuse(node, clause, "CAST of a MAP is not supported; supported: its values, map['key']")
+    if value.type == "timestamp":
+        if target != "string":
+            raise _refuse(node, clause, f"CAST of a TIMESTAMP(3) to {_name(target)} is not supported; supported: STRING")
+        # Flink's text of a TIMESTAMP(3): always three fraction digits (Spark's CAST drops zeros)
+        return Typed(f"date_format({value.sql}, 'yyyy-MM-dd HH:mm:ss.SSS')", "string")
     # NULL where Flink's CAST fails the job
     return Typed(f"TRY_CAST({value.sql} AS {_name(target)})", target)
+
+
+def _item(node, t, clause: str) -> Typed:
+    """``map['key']``: the value, NULL when the map has no such key (as in Flink)."""
+    value = t(node.this)
+    if value.type != "map<string,string>" or len(node.expressions) != 1:
+        raise _refuse(node, clause, "[…] is supported on a MAP<STRING, STRING> with one key")
+    key = _need(node, clause, t(node.expressions[0]), ("string",), "the key")
+    return Typed(f"try_element_at({value.sql}, {key.sql})", "string")
 
 
 def _case(node, t, clause: str) -> Typed:
@@ -379,6 +396,7 @@ _HANDLERS = {
     exp.And: _logic("AND"), exp.Or: _logic("OR"), exp.Not: _not, exp.Is: _is,
     exp.DPipe: _concat, exp.Concat: _concat, exp.ConcatWs: _concat_ws,
     exp.Cast: _cast, exp.TryCast: _cast, exp.Case: _case, exp.If: _if, exp.Coalesce: _coalesce, exp.Nullif: _nullif,
+    exp.Bracket: _item,
     exp.Upper: _string_function("upper"), exp.Lower: _string_function("lower"),
     exp.Initcap: _string_function("initcap"), exp.Length: _string_function("char_length", "int"),
     exp.Trim: _trim, exp.Substring: _substring, exp.Replace: _replace, exp.StrPosition: _position,

@@ -10,7 +10,8 @@ The supported subset (DESIGN.md §11):
   WITH ('connector' = 'upsert-pulsar', 'topic' = …, 'key.format' = 'raw', 'value.format' = 'json', …)``:
   a table over an upsert topic: its latest row per primary key (the message key); an empty payload
   deletes the key. Payload types: STRING/VARCHAR/CHAR, INT/INTEGER/SMALLINT/TINYINT, BIGINT,
-  DOUBLE/FLOAT/DECIMAL, BOOLEAN.
+  DOUBLE/FLOAT/DECIMAL, BOOLEAN. METADATA columns (pipeline/sql/metadata.py) are read in the SELECT
+  and WHERE of a query without GROUP BY; any other use, and writing one, is refused.
 - one ``INSERT INTO target (cols) SELECT …`` of one of two shapes:
   - ``SELECT g…, COUNT(1|*|x) | SUM(x) | MIN(x) | MAX(x) | AVG(x) | expressions of them … FROM t
     [WHERE …] GROUP BY g… [HAVING …]`` (the target's primary key is the group column, or one
@@ -25,14 +26,15 @@ The supported subset (DESIGN.md §11):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import sqlglot
 from sqlglot import exp
 
 from pipeline.sql.dialect import Flink, MetadataColumnConstraint
-from pipeline.sql.expressions import PAYLOAD_TYPES, SUPPORTED_TYPES, UnsupportedSql
+from pipeline.sql.expressions import PAYLOAD_TYPES, SPARK_NAMES, SUPPORTED_TYPES, UnsupportedSql
+from pipeline.sql.metadata import METADATA_KEYS, METADATA_READ, metadata_problem
 
 if TYPE_CHECKING:
     from pipeline.sql.select import AggregateCall, Derived
@@ -61,8 +63,9 @@ def present_field(side: int) -> str:
 class Column:
     name: str
     sql_type: str  # as declared, e.g. "INT"
-    spark_type: str | None  # None for a metadata column
+    spark_type: str | None  # None for a METADATA column the source cannot fill (metadata.metadata_problem says why)
     metadata: bool = False
+    metadata_key: str | None = None  # METADATA [FROM 'key']: the key, else the column's name
 
 
 @dataclass(frozen=True)
@@ -183,14 +186,20 @@ def build_table(create: exp.Create, topic_map: dict[str, str]) -> Table:
                                                     for c in item.constraints):
                 raise UnsupportedSql(f"table {name!r} column {item.name!r}: a computed column "
                                      f"({item.sql(dialect=Flink)}) is not supported; supported: payload and METADATA columns")
-            metadata = any(isinstance(c.args.get("kind"), MetadataColumnConstraint) for c in item.constraints)
+            found = [c.args["kind"] for c in item.constraints if isinstance(c.args.get("kind"), MetadataColumnConstraint)]
             sql_type = item.args["kind"].sql(dialect=Flink)
             base = item.args["kind"].this.name
-            spark_type = None if metadata else PAYLOAD_TYPES.get(base)
-            if not metadata and spark_type is None:
-                raise UnsupportedSql(f"table {name!r} column {item.name!r}: type {sql_type} is not supported; "
-                                     f"supported: {SUPPORTED_TYPES} (or METADATA columns)")
-            columns.append(Column(item.name, sql_type, spark_type, metadata))
+            if found:
+                key = found[0].name if found[0].this is not None else item.name
+                column = Column(item.name, sql_type, None, True, key)
+                if metadata_problem(key, sql_type) is None:
+                    column = replace(column, spark_type=METADATA_KEYS[key][0])
+            else:
+                column = Column(item.name, sql_type, PAYLOAD_TYPES.get(base))
+                if column.spark_type is None:
+                    raise UnsupportedSql(f"table {name!r} column {item.name!r}: type {sql_type} is not supported; "
+                                         f"supported: {SUPPORTED_TYPES} (or METADATA columns)")
+            columns.append(column)
         else:
             raise UnsupportedSql(f"table {name!r}: {item.sql(dialect=Flink)!r} is not supported; "
                                  "supported: columns and PRIMARY KEY (k) NOT ENFORCED")
@@ -234,7 +243,9 @@ def build_query(insert: exp.Insert, tables: dict[str, Table], statements: tuple[
         if select.args.get(clause):
             raise UnsupportedSql(f"{words} is not supported in INSERT INTO {target.name}; supported: {SHAPES}")
     for name in names:
-        target.column(name)
+        if target.column(name).metadata:
+            raise UnsupportedSql(f"INSERT INTO {target.name}: column {target.column(name).name!r} is a METADATA column; "
+                                 "writing METADATA is not supported; supported: payload columns")
     if len(names) != len(select.expressions):
         raise UnsupportedSql(f"INSERT INTO {target.name} names {len(names)} columns but SELECT gives "
                              f"{len(select.expressions)}")
@@ -258,7 +269,7 @@ def build_query(insert: exp.Insert, tables: dict[str, Table], statements: tuple[
     group = select.args.get("group")
     if group and len(sides) > 1:
         raise UnsupportedSql("GROUP BY over a JOIN is not supported; supported: GROUP BY over one table, or JOINs without GROUP BY")
-    query = Query(sides, aliases)
+    query = Query(sides, aliases, metadata=not group)
     where = select.args.get("where")
     where_sql, where_joined = query.where(where.this) if where else (None, None)
     # an inner join as Flink means it on upsert tables: the joined row is there while each inner
@@ -309,9 +320,11 @@ def _check_types(plan: Plan) -> None:
         if given != "null" and given not in HOLDS.get(target.spark_type or "", set()):
             source = (f"{output.aggregate}(…)" if output.aggregate else output.column if output.expression is None
                       else "its expression")
+            # a METADATA type (TIMESTAMP(3), MAP) is no target column's
+            declare = f", or declare the target column as {given.upper()}" if given in HOLDS else ""
             raise UnsupportedSql(f"INSERT INTO {plan.target.name}: column {target.name!r} is {target.sql_type} but "
-                                 f"{source} gives {given.upper()}; CAST it to {target.sql_type}, or declare the target "
-                                 f"column as {given.upper()}")
+                                 f"{source} gives {SPARK_NAMES.get(given, given.upper())}; CAST it to {target.sql_type}"
+                                 f"{declare}")
 
 
 def _table(tables: dict[str, Table], name: str, clause: str) -> Table:
@@ -320,8 +333,9 @@ def _table(tables: dict[str, Table], name: str, clause: str) -> Table:
     return tables[name.lower()]
 
 
-def resolve_column(column: exp.Expression, sides: list[Table], aliases: dict[str, int], clause: str) -> tuple[int, str]:
-    """(side index, column name) of a column reference."""
+def resolve_column(column: exp.Expression, sides: list[Table], aliases: dict[str, int], clause: str,
+                   metadata: bool = False) -> tuple[int, str]:
+    """(side index, column name) of a column reference; a METADATA column only where ``metadata``."""
     if not isinstance(column, exp.Column):
         raise UnsupportedSql(f"{clause} {column.sql(dialect=Flink)!r} is not supported; supported: plain columns")
     if column.table:
@@ -335,8 +349,12 @@ def resolve_column(column: exp.Expression, sides: list[Table], aliases: dict[str
                                  "qualify it with its table")
         side = found[0]
     declared = sides[side].column(column.name)
-    if declared.metadata:
-        raise UnsupportedSql(f"{clause} {column.sql(dialect=Flink)!r} is a METADATA column; supported: payload columns")
+    if declared.metadata and not (metadata and clause in ("SELECT", "WHERE")):
+        raise UnsupportedSql(f"{clause} {column.sql(dialect=Flink)!r} is a METADATA column; supported there: payload "
+                             f"columns ({METADATA_READ})")
+    problem = declared.metadata and metadata_problem(declared.metadata_key, declared.sql_type)
+    if problem:
+        raise UnsupportedSql(f"{clause} {column.sql(dialect=Flink)!r} is {problem}")
     return side, declared.name
 
 

@@ -44,8 +44,9 @@ class AggregateCall:
 class Query:
     """What one SELECT reads and computes, gathered while its expressions are translated."""
 
-    def __init__(self, sides: list[Table], aliases: dict[str, int]):
+    def __init__(self, sides: list[Table], aliases: dict[str, int], metadata: bool = False):
         self.sides, self.aliases = sides, aliases
+        self.metadata = metadata  # METADATA columns readable (SELECT and WHERE without GROUP BY)
         self.reads: list[tuple[int, str]] = []
         self.derived: list[Derived] = []
         self.aggregates: list[AggregateCall] = []
@@ -58,7 +59,7 @@ class Query:
         """Resolves columns of the tables to their envelope columns."""
         def resolve(node: exp.Expression) -> Typed | None:
             if isinstance(node, exp.Column):
-                side, column = resolve_column(node, self.sides, self.aliases, clause)
+                side, column = resolve_column(node, self.sides, self.aliases, clause, self.metadata)
                 if (side, column) not in self.reads:
                     self.reads.append((side, column))
                 return Typed(f"`{field_name(side, column)}`", self.sides[side].column(column).spark_type)
@@ -74,7 +75,7 @@ class Query:
         conjuncts = list(node.flatten()) if isinstance(node, exp.And) else [node]
         driving, joined = [], []
         for conjunct in conjuncts:
-            sides = {resolve_column(c, self.sides, self.aliases, "WHERE")[0] for c in conjunct.find_all(exp.Column)}
+            sides = {resolve_column(c, self.sides, self.aliases, "WHERE", self.metadata)[0] for c in conjunct.find_all(exp.Column)}
             if sides <= {0}:
                 driving.append(self.condition(conjunct, "WHERE", self.row_scope("WHERE")))
             else:
@@ -105,7 +106,7 @@ class Query:
             if type(inner) in AGGREGATES or isinstance(inner, exp.Avg):
                 raise UnsupportedSql(f"{inner.sql(dialect=Flink)} without GROUP BY is not supported; supported: {SHAPES}")
             if isinstance(inner, exp.Column):
-                side, column = resolve_column(inner, self.sides, self.aliases, "SELECT")
+                side, column = resolve_column(inner, self.sides, self.aliases, "SELECT", self.metadata)
                 outputs.append(Output(name, side, column))
             else:
                 value = translate(inner, self.row_scope("SELECT"), "SELECT")
