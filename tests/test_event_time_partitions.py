@@ -113,7 +113,8 @@ def test_a_partition_behind_holds_every_order_until_it_goes_idle(partitioned, tm
     finally:
         client.close()
     # long enough for the watermark to take in the partition behind before it goes idle, on a busy machine
-    settings = job_settings(broker, tmp_path / "data", topics, **{"enrichment.idle_timeout": "15s"})
+    idle_timeout = "15s"
+    settings = job_settings(broker, tmp_path / "data", topics, **{"enrichment.idle_timeout": idle_timeout})
     # Users 1-8 early on, each in the partition its key hashes to; user 1's partition then goes far
     # ahead, the other one (``behind``) stays at its newest early time.
     where = send(url, topics["users"], [(str(u), wire.encode(user(u)), T0 + u * 100) for u in range(1, 9)])
@@ -156,7 +157,7 @@ def test_a_partition_behind_holds_every_order_until_it_goes_idle(partitioned, tm
         job.close()
     idle = [e for e in read_events(settings.data_dir, ("topic_idle",))
             if e["details"] == {"topic": "users", "partition": behind}]
-    assert f"users partition {behind} has had no new message for 8s" in idle[0]["message"]
+    assert f"users partition {behind} has had no new message for {idle_timeout}" in idle[0]["message"]
     decided = rows(settings.data_dir, "enriched")
     # No order was decided while the partition behind held the watermark (in that batch or before).
     assert len(decided) == ORDERS and min(r["batch_id"] for r in decided) > held["batch_id"]
