@@ -106,8 +106,8 @@ def with_facts(offset: dict, clock: ClockFile, changelogs: set[str]) -> dict:
 def raise_newest(end: dict, start: dict, seen: dict[str, int], changelogs: set[str]) -> dict:
     """``end`` with each followed changelog partition's newest time raised to what is already
     known of this very batch (in place): the time of a message it reads (``seen``, by partition
-    name: the first message of the partition's last entry in the batch, whose time counts for the
-    watermark), and never below ``start``'s, should the clock file be late.
+    name: the first message of the partition's last entry in the batch, read by
+    ``probes.entry_time``), and never below ``start``'s, should the clock file be late.
 
     Without it a batch's rows were bounded by the clock of the batch before, so an order waited a
     whole batch more than a node per partition would have kept it (its changelogs' progress in the

@@ -365,7 +365,7 @@ class PulsarStreamReader(DataSourceStreamReader):
             return {}
         with ThreadPoolExecutor(max_workers=min(8, len(wanted))) as pool:
             times = dict(zip(wanted, pool.map(
-                lambda job: probes.entry_time(self.service_url, self.topics[job[0]], *job), wanted.values())))
+                lambda job: probes.entry_time(self.service_url, self.topics[job[0]], *job[1:]), wanted.values())))
         return {name: t for name, t in times.items() if t is not None}
 
     def _say_late_clock(self) -> None:
