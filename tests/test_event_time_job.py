@@ -274,36 +274,3 @@ def test_a_hot_key_keeps_only_what_the_watermark_still_needs(broker, tmp_path, s
     held = inspect_key(spark, store.checkpoint_dir(settings.data_dir), USERS, 7)
     assert [v["version_ms"] for v in held.versions] == [T0 + 5_900]
 
-
-def test_the_watermark_a_batch_leaves_counts_the_changelogs_that_batch_read(broker, tmp_path):
-    """The watermark a batch leaves counts how far that batch itself took the changelogs (each
-    changelog partition's last entry read, pipeline/source/clock.raise_newest), as a watermark
-    node per partition would: an order read after the versions that pass it is decided in the
-    batch that reads it, one read with them in the very next (Spark's batch at the new
-    watermark). With the clock of the batch before alone, each waited one batch more."""
-    topics = {k: f"persistent://public/default/{k}-floor-{tmp_path.name}" for k in ("users", "items", "orders")}
-    settings = settings_for({"topics": topics}, tmp_path / "floor", broker, enrichment__max_wait="0s")
-    url = broker.service_url
-    publish_timed(url, topics["users"], [("1", wire.encode(user(1)), T0)])
-    publish_timed(url, topics["items"], [("1", wire.encode(item(1)), T0)])
-    job = JobThread(settings)
-    try:
-        wait_for(lambda: read_rows(settings.data_dir, "watermarks") or job.error, timeout=240, what="the job's first batch")
-    finally:
-        job.close()
-    # read together by the restarted job's first batch: the order, and both changelogs past it
-    publish_timed(url, topics["orders"], [("o1", wire.encode(order(1, 1, 1, createdAt=T0 + 10_000)), T0 + 10_000)])
-    publish_timed(url, topics["users"], [("1", wire.encode(user(1, firstName="Later")), T0 + 20_000)])
-    publish_timed(url, topics["items"], [("1", wire.encode(item(1, price=2.5)), T0 + 20_000)])
-    job = JobThread(settings)
-    try:
-        wait_for(lambda: orders_done(settings.data_dir) >= 1 or job.error, timeout=240, what="the order decided")
-    finally:
-        job.close()
-    assert job.error is None
-    (decided,) = rows(settings.data_dir, "enriched")
-    assert (decided["user_first_name"], decided["item_price"]) == ("First1", 11.0)  # the versions as of its time
-    progress = read_rows(settings.data_dir, "progress")
-    [order_batch] = [p["batch_id"] for p in progress if any(t["topic"] == "orders" and t["rows"] for t in p["topics"])]
-    versions_batch = max(p["batch_id"] for p in progress if any(t["topic"] == "users" and t["rows"] for t in p["topics"]))
-    assert decided["batch_id"] == (order_batch if versions_batch < order_batch else order_batch + 1)

@@ -10,10 +10,9 @@ travels with the batches instead:
   each changelog partition's newest event time, which ones are idle, and the end offset of the
   batch it has taken in (``through``);
 - planning the next batch, the source waits briefly for the file to have taken in the batch
-  before it (``wait_for_clock``), copies the facts into the end offset (``with_facts``) and
-  raises them with what it knows of the batch itself (``raise_newest``: the time of the first
-  message of each changelog partition's last entry), so a batch re-read after a crash carries
-  the same facts: the watermark does not depend on when it is re-read;
+  before it (``wait_for_clock``), and copies the facts into the end offset (``with_facts``,
+  never below the offset it plans after: ``raise_newest``), so a batch re-read after a crash
+  carries the same facts: the watermark does not depend on when it is re-read;
 - every row gets a **bound** (``row_bounds``): the most its time may count for the watermark. A
   row of an active changelog partition counts up to the least newest time of the *other* active
   partitions, so the most any row stamps is never above the least newest time of all of them,
@@ -103,27 +102,19 @@ def with_facts(offset: dict, clock: ClockFile, changelogs: set[str]) -> dict:
     return offset
 
 
-def raise_newest(end: dict, start: dict, seen: dict[str, int], changelogs: set[str]) -> dict:
-    """``end`` with each followed changelog partition's newest time raised to what is already
-    known of this very batch (in place): the time of a message it reads (``seen``, by partition
-    name: the first message of the partition's last entry in the batch, read by
-    ``probes.entry_time``), and never below ``start``'s, should the clock file be late.
+def raise_newest(end: dict, start: dict, changelogs: set[str]) -> dict:
+    """``end`` with each followed changelog partition's newest time never below ``start``'s (in
+    place): a clock file that had not taken in the batch before (``wait_for_clock`` gave up)
+    holds older times than the offset it plans after, and the facts must not go back with it.
 
-    Without it a batch's rows were bounded by the clock of the batch before, so an order waited a
-    whole batch more than a node per partition would have kept it (its changelogs' progress in the
-    same batch counted only in the next). Each time is one the batch's rows reach, so no bound
-    goes past what the batch reads.
-
-    # end users/0 newest 4000, seen {"users/0": 9000} -> newest 9000
+    # start users/0 newest 5000, end (from a late clock) 4000 -> 5000
     """
     before = facts_of(start, changelogs)
     for kind in changelogs:
         for p, part in (end.get(kind) or {}).get("parts", {}).items():
             if NEWEST not in part:
                 continue  # a partition the driver does not follow
-            name = partition_name(kind, p)
-            times = [part[NEWEST], before.get(name, (None, False))[0], seen.get(name)]
-            known = [t for t in times if t is not None]
+            known = [t for t in (part[NEWEST], before.get(partition_name(kind, p), (None, False))[0]) if t is not None]
             part[NEWEST] = max(known) if known else None
     return end
 

@@ -79,7 +79,6 @@ import importlib
 import json
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -315,8 +314,6 @@ class PulsarStreamReader(DataSourceStreamReader):
                 admitted[kind]["entries"] += grant
                 admitted[kind]["messages"] += round(grant * sizes[key].messages)
                 admitted[kind]["bytes"] += round(grant * sizes[key].bytes)
-        if self.clock_file:
-            clk.raise_newest(end, start, self._entry_times(end, plan.grants), self.changelogs)
         for kind, topic_end in end.items():
             topic_end["admitted"] = admitted[kind]
             if self.changelogs and kind not in self.changelogs:
@@ -351,22 +348,9 @@ class PulsarStreamReader(DataSourceStreamReader):
             return False
         if clock.through is not None and clock.through != start:
             self._say_late_clock()
-        clk.raise_newest(clk.with_facts(end, clock, self.changelogs), start, {}, self.changelogs)
+        clk.raise_newest(clk.with_facts(end, clock, self.changelogs), start, self.changelogs)
         moved = clk.clock_ms(clk.facts_of(end, self.changelogs))
         return moved is not None and moved != clk.clock_ms(clk.facts_of(start, self.changelogs))
-
-    def _entry_times(self, end: dict, grants: dict[str, int]) -> dict[str, int]:
-        """Per followed changelog partition this batch reads, the time of the first message of
-        its last entry (probes.entry_time), the partitions asked at once."""
-        wanted = {clk.partition_name(kind, p): (kind, p, end[kind]["parts"][p]["id"])
-                  for kind, p in (key.split("\x00") for key, grant in grants.items() if grant)
-                  if kind in self.changelogs and clk.NEWEST in end[kind]["parts"][p]}
-        if not wanted:
-            return {}
-        with ThreadPoolExecutor(max_workers=min(8, len(wanted))) as pool:
-            times = dict(zip(wanted, pool.map(
-                lambda job: probes.entry_time(self.service_url, self.topics[job[0]], *job[1:]), wanted.values())))
-        return {name: t for name, t in times.items() if t is not None}
 
     def _say_late_clock(self) -> None:
         """Warn, at most once a minute, that planning went on without the clock of the batch

@@ -1,14 +1,10 @@
-"""What the driver asks of the broker about a topic partition to plan a batch.
+"""What the driver asks of the broker about a topic partition, reading no message to plan a batch.
 
 - :func:`newest_entry`: a partition's newest entry (and its size when the id says it), all
   planning needs (pipeline/source/datasource.py asks it per partition per batch);
   :func:`last_entry_id` the entry alone, for a replay's target and a ``latest`` start;
-- :func:`entry_time` (event time only): the time of the first message of the last entry a
-  batch reads of a changelog partition (its metadata, not its payload), one message per
-  partition per batch, so the batch's watermark knows how far the batch itself takes the
-  changelogs (pipeline/source/clock.py);
 - :func:`find_position_before`: the message before a time, by scanning, once per replay request
-  with a time (pulsar-lite's seek is broken).
+  with a time (the one place the driver reads messages: pulsar-lite's seek is broken).
 
 Only the standard Pulsar protocol is used, so the same code runs on pulsar-lite and Apache Pulsar.
 """
@@ -17,15 +13,9 @@ from __future__ import annotations
 
 import time
 
-import logging
-
 from pipeline.errors import SourceError
 from pipeline.source.offsets import EARLIEST
-from pipeline.source.reader import client_message_id, close_quietly, id_text, open_reader, partition_topic, pulsar_client
-from pipeline.wire import MAX_TIME_MS, MIN_TIME_MS
-
-log = logging.getLogger(__name__)
-ENTRY_READ_TIMEOUT_MS = 2000
+from pipeline.source.reader import id_text, open_reader, partition_topic, pulsar_client
 
 
 def find_position_before(service_url: str, topic: str, partition: str, time_ms: int, timeout_s: float = 120.0) -> str:
@@ -87,28 +77,3 @@ def newest_entry(service_url: str, topic: str, partition: str) -> tuple[str | No
         return None, None
     size = mid.batch_index() + 1 if mid.batch_index() >= 0 else None
     return f"{mid.ledger_id()}:{mid.entry_id()}:{int(partition)}:-1", size
-
-
-def entry_time(service_url: str, topic: str, partition: str, entry_id: str) -> int | None:
-    """The time the first message of entry ``entry_id`` counts for the event-time watermark: its
-    event time, else its publish time (as pipeline/enrich/lookups.with_event_watermarks counts a
-    version's). Only the message's metadata is read, never its payload (planning reads none), so
-    a message the parse step will make a dead letter counts too: its producer's clock had got
-    there. None when the time is outside the wire's years or later than its own publish time
-    (only a time the broker's clock vouches for is used: the job's future horizon may refuse a
-    later one), or when the read fails: the batch then goes with the clock of the batch before.
-    """
-    reader = None
-    try:
-        reader = pulsar_client(service_url).create_reader(
-            partition_topic(topic, partition), client_message_id(entry_id), receiver_queue_size=1,
-            start_message_id_inclusive=True)
-        message = reader.read_next(ENTRY_READ_TIMEOUT_MS)
-        published, event = message.publish_timestamp(), message.event_timestamp()
-    except Exception as exc:  # a timeout or a broker error: this batch goes without it
-        log.debug("no time for entry %s of %r partition %s: %s", entry_id, topic, partition, exc)
-        return None
-    finally:
-        close_quietly(reader)
-    time_ms = event or published  # 0: the producer set no event time
-    return time_ms if MIN_TIME_MS <= time_ms <= min(published, MAX_TIME_MS) else None
