@@ -87,8 +87,8 @@ def test_the_broker_dies_with_the_process_that_started_it(tmp_path):
     import subprocess
     import sys
 
-    script = ("import sys, time; from pathlib import Path; from pipeline.feed.apache_broker import ApacheBroker; "
-              "b = ApacheBroker(Path(sys.argv[1])).start(); print(b.process.pid, flush=True); time.sleep(600)")
+    script = ("import signal, sys; from pathlib import Path; from pipeline.feed.apache_broker import ApacheBroker; "
+              "b = ApacheBroker(Path(sys.argv[1])).start(); print(b.process.pid, flush=True); signal.pause()")
     starter = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
         java = int(starter.stdout.readline())

@@ -25,7 +25,7 @@ from factories import item, keyed, order, publish, user
 from forkkill import killed_at_step
 from jobproc import JobProcess
 from sinkread import invoices
-from waiting import wait_for
+from waiting import poll, wait_for
 
 pytestmark = pytest.mark.e2e  # every test here starts the job
 
@@ -187,9 +187,7 @@ def test_chaos_measured(tmp_path, unique_topics):
             feed(2 * FEED)
             job = start(f"publish{attempt}")
             wait_batch(job, "a batch before the commit-window crash")
-            deadline = time.monotonic() + 40
-            while not _sinks_ahead_of_spark(data_dir) and time.monotonic() < deadline and job.proc.poll() is None:
-                time.sleep(0.001)
+            poll(lambda: _sinks_ahead_of_spark(data_dir) or job.proc.poll() is not None, timeout=40, interval=0.001)
             kill(job, "between the sink and Spark commits")
             if _sinks_ahead_of_spark(data_dir):
                 tally["kills that landed between the sink and Spark commits"] += 1
