@@ -178,21 +178,10 @@ def sample(began: float, procs: dict[str, int], job_pid: int, data_dir: Path, br
 
 def measure_console(data_dir: Path, repeats: int, scraper: Scraper) -> dict:
     """Every page (AppTest), one exporter scrape and a DuckDB count per sink, now."""
-    from bench.bench_console import time_page
-    from bench.bench_month import PAGES, count_sinks
+    from bench.bench_month import count_sinks, time_pages
 
-    os.environ["SS_PATHS_DATA_DIR"] = str(data_dir)
     load_before = load_average()
-    from streamlit.testing.v1 import AppTest
-
-    for page in PAGES:  # untimed: the first run of a page in a process imports its modules
-        AppTest.from_file(str(ROOT / "pages" / page), default_timeout=120).run()
-    pages = {}
-    for page in PAGES:
-        try:
-            pages[page] = time_page(page, repeats)
-        except Exception as exc:  # recorded with its page; the others are still measured
-            pages[page] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    pages = time_pages(data_dir, repeats)
     return {"load_average_before": load_before, "pages": pages, "exporter_scrape_s": round(scraper.scrape(), 3),
             "sinks": count_sinks(data_dir), "load_average_after": load_average()}
 

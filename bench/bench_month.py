@@ -268,16 +268,15 @@ def maintenance_rounds(data_dir: Path) -> dict:
             "mean_s": round(statistics.mean(took), 2) if took else None, "max_s": max(took) if took else None}
 
 
-def measure(data_dir: Path, repeats: int) -> dict:
-    """Everything at one checkpoint, with the writer stopped."""
+def time_pages(data_dir: Path, repeats: int) -> dict:
+    """Every console page over ``data_dir`` (AppTest), each run once untimed first (a page's first
+    run in a process imports its modules); a page that fails is recorded with its error."""
+    from streamlit.testing.v1 import AppTest
+
     from bench.bench_console import time_page
 
     os.environ["SS_PATHS_DATA_DIR"] = str(data_dir)
-    load_before = [round(x, 2) for x in os.getloadavg()]
-    sinks = count_sinks(data_dir)
-    from streamlit.testing.v1 import AppTest
-
-    for page in PAGES:  # untimed: the first run of a page in a process imports its modules
+    for page in PAGES:
         AppTest.from_file(str(ROOT / "pages" / page), default_timeout=120).run()
     pages = {}
     for page in PAGES:
@@ -285,6 +284,14 @@ def measure(data_dir: Path, repeats: int) -> dict:
             pages[page] = time_page(page, repeats)
         except Exception as exc:  # recorded with its page; the others are still measured
             pages[page] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    return pages
+
+
+def measure(data_dir: Path, repeats: int) -> dict:
+    """Everything at one checkpoint, with the writer stopped."""
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    sinks = count_sinks(data_dir)
+    pages = time_pages(data_dir, repeats)
     return {"batches": committed_batch(open_table(store.sink_dir(data_dir, "enriched"))) + 1,
             "load_average_before": load_before, "load_average_after": [round(x, 2) for x in os.getloadavg()],
             "sinks": sinks, "disk": disk(data_dir), "maintenance": maintenance_rounds(data_dir), "pages": pages}
