@@ -18,45 +18,20 @@ no value stops a pipeline (Spark's ANSI mode would fail the batch on every resta
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 from sqlglot import exp
 
-from pipeline.errors import StatefulStreamsError
+from pipeline.sql.sqltypes import CAST_TYPES, NUMERIC, SPARK_NAMES, WHOLE, Typed, UnsupportedSql
 
-# Declared SQL type -> the Spark type of a table's column.
-PAYLOAD_TYPES = {
-    "TEXT": "string", "VARCHAR": "string", "CHAR": "string", "NCHAR": "string", "NVARCHAR": "string",
-    "INT": "int", "SMALLINT": "int", "TINYINT": "int", "BIGINT": "bigint",
-    "DOUBLE": "double", "FLOAT": "double", "DECIMAL": "double", "BOOLEAN": "boolean",
-}
-SUPPORTED_TYPES = "STRING, VARCHAR, CHAR, INT, SMALLINT, TINYINT, BIGINT, DOUBLE, FLOAT, DECIMAL, BOOLEAN"
-# CAST targets whose meaning is exact here (DECIMAL(p, s) would round; SMALLINT would narrow).
-CAST_TYPES = {"TEXT": "string", "VARCHAR": "string", "CHAR": "string", "INT": "int", "BIGINT": "bigint",
-              "DOUBLE": "double", "BOOLEAN": "boolean"}
-SPARK_NAMES = {"string": "STRING", "int": "INT", "bigint": "BIGINT", "double": "DOUBLE", "boolean": "BOOLEAN",
-               "null": "NULL", "timestamp": "TIMESTAMP(3)", "map<string,string>": "MAP<STRING, STRING>"}
-NUMERIC = ("int", "bigint", "double")
-WHOLE = ("int", "bigint")
+__all__ = ["translate", "common_type", "flink_text", "Typed", "UnsupportedSql", "NUMERIC", "FUNCTIONS"]
+
 FUNCTIONS = ("CAST, CASE, IF, COALESCE, NULLIF, ||, CONCAT, CONCAT_WS, UPPER, LOWER, INITCAP, TRIM, LTRIM, RTRIM, "
              "CHAR_LENGTH, SUBSTRING, REPLACE, POSITION, LIKE, ABS, ROUND, FLOOR, CEIL, MOD, POWER, SQRT, LN, LOG, "
              "LOG10, EXP, SIGN, GREATEST, LEAST, + - * / %, comparisons, AND, OR, NOT, IS [NOT] NULL, BETWEEN, IN")
 TRY_ARITHMETIC = {"+": "try_add", "-": "try_subtract", "*": "try_multiply"}
 # |x| at or past 2^52: every double there is whole, and FLOOR's long would lose it
 WHOLE_DOUBLES = "4503599627370496"
-
-
-class UnsupportedSql(StatefulStreamsError):
-    """A statement outside the supported subset; the message names the clause."""
-
-
-@dataclass(frozen=True)
-class Typed:
-    """An expression as Spark SQL (parenthesised where it matters) and its type."""
-
-    sql: str
-    type: str
 
 
 Resolve = Callable[[exp.Expression], "Typed | None"]

@@ -26,25 +26,25 @@ The supported subset (DESIGN.md §11):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import sqlglot
 from sqlglot import exp
 
-from pipeline.sql.dialect import Flink, MetadataColumnConstraint
-from pipeline.sql.expressions import PAYLOAD_TYPES, SPARK_NAMES, SUPPORTED_TYPES, UnsupportedSql
-from pipeline.sql.metadata import METADATA_KEYS, METADATA_READ, metadata_problem
+from pipeline.sql.dialect import Flink
+from pipeline.sql.metadata import METADATA_READ, metadata_problem
+from pipeline.sql.sqltypes import SPARK_NAMES, UnsupportedSql
+from pipeline.sql.tables import Column, Table, build_table
 
 if TYPE_CHECKING:
     from pipeline.sql.select import AggregateCall, Derived
 
 AGGREGATES = {exp.Count: "COUNT", exp.Sum: "SUM", exp.Min: "MIN", exp.Max: "MAX"}
-REQUIRED_OPTIONS = {"connector": "upsert-pulsar", "key.format": "raw", "value.format": "json"}
 SHAPES = ("SELECT … FROM t [WHERE …] GROUP BY … [HAVING …] with COUNT, SUM, MIN, MAX, AVG; "
           "or SELECT … FROM t [[LEFT|INNER] JOIN t2 ON t.pk = t2.pk …] [WHERE …]")
 JOINS = "LEFT [OUTER] JOIN or [INNER] JOIN table ON a.pk = b.pk"
-__all__ = ["UnsupportedSql", "build_plan", "Plan", "Table", "Column", "Output", "field_name", "present_field",
+__all__ = ["UnsupportedSql", "build_plan", "build_table", "Plan", "Table", "Column", "Output", "field_name", "present_field",
            "resolve_column"]
 
 
@@ -57,35 +57,6 @@ def present_field(side: int) -> str:
     """The column that is TRUE on an inner-joined side's rows (``present<side>``), kept in
     UpsertJoin's state with the side's row: NULL in a joined row that side is missing from."""
     return f"present{side}"
-
-
-@dataclass(frozen=True)
-class Column:
-    name: str
-    sql_type: str  # as declared, e.g. "INT"
-    spark_type: str | None  # None for a METADATA column the source cannot fill (metadata.metadata_problem says why)
-    metadata: bool = False
-    metadata_key: str | None = None  # METADATA [FROM 'key']: the key, else the column's name
-
-
-@dataclass(frozen=True)
-class Table:
-    name: str
-    columns: tuple[Column, ...]
-    primary_key: str
-    topic: str
-    options: tuple[tuple[str, str], ...]
-
-    @property
-    def payload_columns(self) -> tuple[Column, ...]:
-        return tuple(column for column in self.columns if not column.metadata)
-
-    def column(self, name: str) -> Column:
-        for column in self.columns:
-            if column.name.lower() == name.lower():
-                return column
-        raise UnsupportedSql(f"table {self.name!r} has no column {name!r}; its columns are "
-                             f"{[c.name for c in self.columns]}")
 
 
 @dataclass(frozen=True)
@@ -169,65 +140,6 @@ def build_plan(text: str, topic_map: dict[str, str] | None = None) -> Plan:
     if len(inserts) != 1:
         raise UnsupportedSql(f"{len(inserts)} INSERT INTO statements; supported: exactly one INSERT INTO … SELECT … per pipeline")
     return build_query(inserts[0], tables, tuple(split_statements(text)))
-
-
-def build_table(create: exp.Create, topic_map: dict[str, str]) -> Table:
-    name = create.this.this.name
-    columns, primary_key = [], None
-    for item in create.this.expressions:
-        if isinstance(item, exp.PrimaryKey):
-            keys = [key.name for key in item.expressions]
-            if len(keys) != 1:
-                raise UnsupportedSql(f"table {name!r}: PRIMARY KEY ({', '.join(keys)}) has {len(keys)} columns; "
-                                     "supported: a one-column primary key (the message key)")
-            primary_key = keys[0]
-        elif isinstance(item, exp.ColumnDef):
-            if item.args.get("kind") is None or any(isinstance(c.args.get("kind"), exp.ComputedColumnConstraint)
-                                                    for c in item.constraints):
-                raise UnsupportedSql(f"table {name!r} column {item.name!r}: a computed column "
-                                     f"({item.sql(dialect=Flink)}) is not supported; supported: payload and METADATA columns")
-            found = [c.args["kind"] for c in item.constraints if isinstance(c.args.get("kind"), MetadataColumnConstraint)]
-            sql_type = item.args["kind"].sql(dialect=Flink)
-            base = item.args["kind"].this.name
-            if found:
-                key = found[0].name if found[0].this is not None else item.name
-                column = Column(item.name, sql_type, None, True, key)
-                if metadata_problem(key, sql_type) is None:
-                    column = replace(column, spark_type=METADATA_KEYS[key][0])
-            else:
-                column = Column(item.name, sql_type, PAYLOAD_TYPES.get(base))
-                if column.spark_type is None:
-                    raise UnsupportedSql(f"table {name!r} column {item.name!r}: type {sql_type} is not supported; "
-                                         f"supported: {SUPPORTED_TYPES} (or METADATA columns)")
-            columns.append(column)
-        else:
-            raise UnsupportedSql(f"table {name!r}: {item.sql(dialect=Flink)!r} is not supported; "
-                                 "supported: columns and PRIMARY KEY (k) NOT ENFORCED")
-    if primary_key is None:
-        raise UnsupportedSql(f"table {name!r} has no PRIMARY KEY; supported: PRIMARY KEY (k) NOT ENFORCED "
-                             "(an upsert table is keyed by its message key)")
-    properties = create.args.get("properties")
-    # TEMPORARY (a table of this script only) is what every table here is anyway
-    options = {p.this.name: p.args["value"].name for p in (properties.expressions if properties else [])
-               if type(p) is exp.Property}
-    unknown = [p.sql(dialect=Flink) for p in (properties.expressions if properties else [])
-               if type(p) is not exp.Property and not isinstance(p, exp.TemporaryProperty)]
-    if unknown:
-        raise UnsupportedSql(f"table {name!r}: {', '.join(unknown)} is not supported; supported: "
-                             "CREATE [TEMPORARY] TABLE … WITH (…)")
-    for key, required in REQUIRED_OPTIONS.items():
-        if options.get(key, "").lower() != required:
-            raise UnsupportedSql(f"table {name!r}: WITH '{key}' = {options.get(key)!r} is not supported; "
-                                 f"supported: '{key}' = '{required}'")
-    if not options.get("topic"):
-        raise UnsupportedSql(f"table {name!r}: WITH has no 'topic'; supported: 'topic' = 'persistent://tenant/ns/name'")
-    topic = topic_map.get(name, topic_map.get(options["topic"], options["topic"]))
-    table = Table(name, tuple(columns), primary_key, topic, tuple(sorted(options.items())))
-    key_column = table.column(primary_key)
-    if key_column.metadata or key_column.spark_type != "string":
-        raise UnsupportedSql(f"table {name!r}: PRIMARY KEY column {primary_key!r} is {key_column.sql_type}; "
-                             "supported: a STRING payload column (the raw message key)")
-    return table
 
 
 def build_query(insert: exp.Insert, tables: dict[str, Table], statements: tuple[str, ...]) -> Plan:
