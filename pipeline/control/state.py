@@ -8,10 +8,14 @@
 - :class:`StateCensus`: the job's background thread that turns Spark's own state metrics into
   ``keys held`` and ``orders waiting`` per lookup (the ``state`` stream of the metrics store).
 
-Spark's ``numRowsTotal`` of a lookup counts one row per key per state variable: the keys with a
-record plus the keys with waiting orders. The census reads the ``waiting`` variable at the same
-batch and subtracts. Every read here is of committed state only; nothing is written to the
-checkpoint, so it is safe while the job runs.
+Spark's ``numRowsTotal`` of a lookup counts one row per key per state variable, and it has no
+count per variable. In processing time the variables are ``latest`` and ``waiting``: the keys
+held are the rows less the keys with waiting orders (the census reads ``waiting``). In event
+time (VersionedLookup) a key with two versions or more has a ``head`` row and a ``versions`` row,
+so the rows less the waiting keys would count it twice: the census reads the ``head`` variable
+alone, whose one row per key says whether its newest version is a record and how many orders
+wait. Every read here is of committed state only; nothing is written to the checkpoint, so it
+is safe while the job runs.
 """
 
 from __future__ import annotations
@@ -163,6 +167,16 @@ def is_event_time(checkpoint: Path) -> bool:
     return marker.is_file() and marker.read_text().strip() == EVENT_TIME_LAYOUT
 
 
+def count_heads(spark, checkpoint: Path, lookup: Lookup, batch_id: int) -> tuple[int, int, int]:
+    """Event time: (keys whose newest version is a record, keys with waiting orders, waiting
+    orders) of ``lookup`` after ``batch_id``, from the ``head`` variable only (one row per key;
+    neither the versions lists nor the waiting orders are read)."""
+    row = (_reader(spark, checkpoint, lookup, "head", batch_id).load()
+           .selectExpr("count_if(value.version_ms IS NOT NULL AND NOT value.tombstone) AS held",
+                       "count_if(value.waiting > 0) AS keys", "coalesce(sum(value.waiting), 0) AS orders").first())
+    return int(row["held"]), int(row["keys"]), int(row["orders"])
+
+
 def count_waiting(spark, checkpoint: Path, lookup: Lookup, batch_id: int) -> tuple[int, int]:
     """(keys with waiting orders, waiting orders) of ``lookup`` after ``batch_id``."""
     row = (_reader(spark, checkpoint, lookup, "waiting", batch_id).option("flattenCollectionTypes", "false").load()
@@ -175,7 +189,8 @@ class StateCensus:
 
     Runs on a daemon thread of the job (driver side): at most every ``interval_s`` it takes the
     checkpoint's newest committed batch, reads the lookups' ``waiting`` variables at that batch
-    (skipped when ``max_wait_ms`` is 0: nothing ever waits) and appends one row per lookup::
+    (skipped when ``max_wait_ms`` is 0: nothing ever waits; in event time their ``head``
+    variables instead, see :func:`count_heads`) and appends one row per lookup::
 
         {"ts_ms": …, "batch_id": 41, "lookup": "users", "state_rows": 2801, "keys_held": 2780,
          "waiting_keys": 21, "waiting_orders": 35}
@@ -206,8 +221,9 @@ class StateCensus:
         self._stop.set()
 
     def _run(self) -> None:
-        # Without waiting orders every state row is a key held, so a census costs nothing.
-        interval = 1.0 if self.max_wait_ms == 0 else self.interval_s
+        # Without waiting orders every state row of processing time is a key held, so a census
+        # costs nothing; event time reads its heads whatever max_wait is.
+        interval = 1.0 if self.max_wait_ms == 0 and not is_event_time(self.checkpoint) else self.interval_s
         while not self._stop.wait(interval):
             try:
                 self.take()
@@ -224,14 +240,20 @@ class StateCensus:
         if rows_by_lookup is None or committed == self._last_batch:
             return []
         written = []
+        event_time = is_event_time(self.checkpoint)
         for lookup in LOOKUPS:  # every lookup counted before any row is written: one census, whole
             name = f"{lookup.reason}_lookup"
             if name not in rows_by_lookup:
                 continue
+            now_ms = int(time.time() * 1000)
+            if event_time:
+                held, keys, orders = count_heads(self.spark, self.checkpoint, lookup, committed)
+                row = census_row(lookup.changelog, committed, rows_by_lookup[name], keys, orders, now_ms)
+                written.append({**row, "keys_held": held})
+                continue
             keys, orders = (0, 0) if self.max_wait_ms == 0 else \
                 count_waiting(self.spark, self.checkpoint, lookup, committed)
-            written.append(census_row(lookup.changelog, committed, rows_by_lookup[name], keys, orders,
-                                      int(time.time() * 1000)))
+            written.append(census_row(lookup.changelog, committed, rows_by_lookup[name], keys, orders, now_ms))
         for row in written:
             self.metrics.append("state", row)
         self._last_batch = committed
@@ -249,8 +271,9 @@ def remember_state_rows(known: dict[int, dict[str, int]], progress_rows: list[di
 
 
 def census_row(lookup: str, batch_id: int, state_rows: int, waiting_keys: int, waiting_orders: int, ts_ms: int) -> dict:
-    """One ``state`` row: Spark's state rows count a key with a record and a key with waiting
-    orders alike, so the keys held are the rows less the keys waiting."""
+    """One ``state`` row: in processing time Spark's state rows count a key with a record and a
+    key with waiting orders alike, so the keys held are the rows less the keys waiting (event
+    time replaces ``keys_held`` with its heads' count)."""
     return {"ts_ms": ts_ms, "batch_id": batch_id, "lookup": lookup, "state_rows": state_rows,
             "keys_held": max(0, state_rows - waiting_keys), "waiting_keys": waiting_keys,
             "waiting_orders": waiting_orders}
