@@ -172,10 +172,12 @@ def test_the_example_with_where_expressions_avg_and_having_plans():
 
 
 @pytest.mark.parametrize("script, message", [
-    (f"{USERS}\nCREATE VIEW v AS SELECT uid FROM users;", "statement CREATE is not supported; supported: CREATE TABLE"),
+    (f"{USERS}\n{OUT}\nCREATE VIEW v AS SELECT uid FROM users;\nINSERT INTO out (k) SELECT u.uid FROM users u JOIN v ON u.uid = v.uid;",
+     "'JOIN v ON u.uid = v.uid': a view in a JOIN is not supported; supported: CREATE [TEMPORARY] VIEW"),
     (f"{USERS}\n{OUT}\nINSERT INTO out (k) SELECT uid FROM users;\nINSERT INTO out (k) SELECT uid FROM users;",
-     "2 INSERT INTO statements; supported: exactly one INSERT INTO … SELECT … per pipeline"),
-    (f"{USERS}\nSET 'table.exec.state.ttl' = '1 h';", "statement SET is not supported"),
+     "INSERT INTO out appears 2 times; supported: one INSERT per target table"),
+    (f"{USERS}\n{OUT}\nSET 'parallelism.default' = '4';\nINSERT INTO out (k) SELECT uid FROM users;",
+     "SET 'parallelism.default' is not supported; supported keys: table.exec.state.ttl"),
     (f"{META_USERS}\n{OUT}\nINSERT INTO out (k, n) SELECT topic, COUNT(*) FROM users GROUP BY topic;",
      "GROUP BY 'topic' is a METADATA column; supported there: payload columns (METADATA columns are read in the "
      "SELECT and WHERE of a query without GROUP BY)"),

@@ -206,6 +206,20 @@ CASES = [
              ((("u1", {"uid": "u1", "accountId": "B"}),), (("u1", row(uid="u1", color="green", cheese="feta")),)),
          ),
          joined=(("colors", "userUid STRING, color STRING", "userUid"), ("cheeses", "userUid STRING, cheese STRING", "userUid"))),
+    Case("a_view_with_where_read_by_a_group_by",
+         "uid STRING, accountId STRING, id INT",
+         "accountId STRING, n BIGINT, top INT",
+         "CREATE TEMPORARY VIEW adults AS SELECT uid, UPPER(accountId) AS acc, id FROM users WHERE id >= 18;\n"
+         "INSERT INTO out SELECT acc, COUNT(*), MAX(id) FROM adults GROUP BY acc",
+         (
+             ((("u1", {"uid": "u1", "accountId": "a", "id": 20}), ("u2", {"uid": "u2", "accountId": "a", "id": 10}),
+               ("u3", {"uid": "u3", "accountId": "b", "id": 30})),
+              (("A", row(accountId="A", n=1, top=20)), ("B", row(accountId="B", n=1, top=30)))),
+             # a row that starts matching the view's WHERE is counted; one that stops is taken out
+             ((("u2", {"uid": "u2", "accountId": "a", "id": 18}),), (("A", row(accountId="A", n=2, top=20)),)),
+             ((("u1", {"uid": "u1", "accountId": "a", "id": 5}),), (("A", row(accountId="A", n=1, top=18)),)),
+             ((("u3", None),), (("B", ""),)),
+         )),
     Case("metadata_columns_in_a_projection",
          "uid STRING, name STRING, eventTime TIMESTAMP(3) METADATA, properties MAP<STRING, STRING> METADATA, "
          "topic STRING METADATA VIRTUAL, k STRING METADATA FROM 'key' VIRTUAL, sequenceId BIGINT METADATA VIRTUAL",

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from pipeline.config import Settings
 from pipeline.errors import ConfigError
-from pipeline.sql.plan import Plan, build_plan
+from pipeline.sql.plan import Plan
+from pipeline.sql.script import build_pipeline
 from pipeline.sql.runner import name_from_path, run_sql_pipeline
 
 
@@ -29,21 +30,21 @@ def parse_topic_flags(pairs: list[str] | None) -> dict[str, str]:
 
 
 def load_plans(files: list[str], statements: list[str] | None, name: str | None,
-               topics: dict[str, str]) -> list[tuple[str, Plan, Path | None]]:
-    """(name, plan, file) per pipeline; one line naming the problem otherwise."""
+               topics: dict[str, str]) -> list[tuple[str, tuple[Plan, ...], Path | None]]:
+    """(name, its plans: one per INSERT, file) per pipeline; one line naming the problem otherwise."""
     if bool(files) == bool(statements):
         raise ConfigError("give .sql files or --statement (repeatable), not both and not neither")
     if name and len(files) > 1:
         raise ConfigError("--name names one pipeline; with several files each is named by its file")
     if statements:
-        return [(name or "sql", build_plan(";\n".join(statements), topics), None)]
+        return [(name or "sql", build_pipeline(";\n".join(statements), topics), None)]
     plans = []
     for file in files:
         try:
             text = Path(file).read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"cannot read SQL file {file!r}: {exc.strerror or exc}") from exc
-        plans.append((name or name_from_path(file), build_plan(text, topics), Path(file)))
+        plans.append((name or name_from_path(file), build_pipeline(text, topics), Path(file)))
     names = [n for n, _, _ in plans]
     if len(set(names)) != len(names):
         raise ConfigError(f"two pipelines would share a name in {names}; give the files different names")
@@ -89,11 +90,14 @@ def launch(settings: Settings, files: list[str], statements: list[str] | None, n
            topic_flags: list[str] | None, check: bool, samples: bool, max_batches: int) -> int:
     plans = load_plans(files, statements, name, parse_topic_flags(topic_flags))
     if check:
-        for pipeline, plan, _ in plans:
-            sources = ", ".join(f"{t.name} <- {t.topic}" for t in plan.sides)
-            print(f"{pipeline}: {plan.kind} of {sources} into {plan.target.name} -> {plan.target.topic}")
-            for line in describe_spark_sql(plan):
-                print(f"  {line}")
+        for pipeline, inserts, _ in plans:
+            if len(inserts) > 1:
+                print(f"{pipeline}: a statement set of {len(inserts)} INSERTs, one query reading each message once")
+            for plan in inserts:
+                sources = ", ".join(f"{t.name} <- {t.topic}" for t in plan.sides)
+                print(f"{pipeline}: {plan.kind} of {sources} into {plan.target.name} -> {plan.target.topic}")
+                for line in describe_spark_sql(plan):
+                    print(f"  {line}")
         return 0
     from pipeline.job import connect_broker
     from pipeline.runtime.supervisor import stop_on_signals
@@ -109,7 +113,7 @@ def launch(settings: Settings, files: list[str], statements: list[str] | None, n
         stop_on_signals(stop)
         errors: list[BaseException] = []
 
-        def run(pipeline: str, plan: Plan) -> None:
+        def run(pipeline: str, plan: tuple[Plan, ...]) -> None:
             try:
                 run_sql_pipeline(settings, plan, pipeline, max_batches=max_batches, stop=stop, spark=spark)
             except BaseException as exc:  # re-raised on the main thread

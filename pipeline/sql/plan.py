@@ -29,7 +29,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import sqlglot
 from sqlglot import exp
 
 from pipeline.sql.dialect import Flink
@@ -92,6 +91,7 @@ class Plan:
     reads: tuple[tuple[int, str], ...] = ()  # (side, column) the expressions read
     group_labels: tuple[str, ...] = ()  # the GROUP BY items as written
     inner: tuple[int, ...] = ()  # the sides joined by an [INNER] JOIN: a result row needs their row
+    settings: tuple[tuple[str, str], ...] = ()  # the script's SET 'key' = 'value' (pipeline/sql/settings.py)
 
     @property
     def key_output(self) -> Output:
@@ -114,42 +114,29 @@ def split_statements(text: str) -> list[str]:
     return pieces
 
 
-def _parse(text: str) -> list[exp.Expression]:
-    try:
-        parsed = sqlglot.parse(text, read=Flink)
-    except sqlglot.errors.ParseError as exc:
-        first = str(exc).splitlines()[0]
-        raise UnsupportedSql(f"SQL does not parse: {first}") from exc
-    return [statement for statement in parsed if statement is not None]
-
-
 def build_plan(text: str, topic_map: dict[str, str] | None = None) -> Plan:
-    """The plan of a script's statements; ``topic_map`` maps a table name (or a topic) to another topic."""
-    statements = _parse(text)
-    tables: dict[str, Table] = {}
-    inserts = []
-    for statement in statements:
-        if isinstance(statement, exp.Create) and statement.kind == "TABLE":
-            table = build_table(statement, topic_map or {})
-            tables[table.name.lower()] = table
-        elif isinstance(statement, exp.Insert):
-            inserts.append(statement)
-        else:
-            raise UnsupportedSql(f"statement {statement.key.upper()} is not supported; supported: "
-                                 "CREATE TABLE … WITH ('connector' = 'upsert-pulsar', …) and INSERT INTO … SELECT …")
-    if len(inserts) != 1:
-        raise UnsupportedSql(f"{len(inserts)} INSERT INTO statements; supported: exactly one INSERT INTO … SELECT … per pipeline")
-    return build_query(inserts[0], tables, tuple(split_statements(text)))
+    """The plan of a script of one INSERT; ``topic_map`` maps a table name (or a topic) to another
+    topic. A script of several INSERTs (a statement set) is pipeline/sql/script.py build_pipeline's."""
+    from pipeline.sql.script import build_pipeline
+
+    plans = build_pipeline(text, topic_map)
+    if len(plans) != 1:
+        raise UnsupportedSql(f"{len(plans)} INSERT INTO statements where one plan is asked for; "
+                             "build_pipeline plans a statement set")
+    return plans[0]
 
 
-def build_query(insert: exp.Insert, tables: dict[str, Table], statements: tuple[str, ...]) -> Plan:
+def build_query(insert: exp.Insert, tables: dict[str, Table], statements: tuple[str, ...],
+                views: dict[str, exp.Select] | None = None, settings: dict[str, str] | None = None) -> Plan:
     from pipeline.sql.select import Query
+    from pipeline.sql.views import inline_views
     target = _table(tables, insert.this.this.name if isinstance(insert.this, exp.Schema) else insert.this.name, "INSERT INTO")
     names = [i.name for i in insert.this.expressions] if isinstance(insert.this, exp.Schema) else [
         c.name for c in target.payload_columns]
     select = insert.expression
     if not isinstance(select, exp.Select):
         raise UnsupportedSql(f"INSERT INTO {target.name} {select.key.upper()} is not supported; supported: {SHAPES}")
+    select = inline_views(select, views or {})
     for clause, words in (("order", "ORDER BY"), ("limit", "LIMIT"), ("qualify", "QUALIFY"), ("distinct", "DISTINCT"),
                           ("with_", "WITH")):
         if select.args.get(clause):
@@ -199,7 +186,8 @@ def build_query(insert: exp.Insert, tables: dict[str, Table], statements: tuple[
     plan = Plan("aggregate" if group else "join", tuple(sides), target, tuple(outputs), tuple(query.group_by), statements,
                 where=where_sql, where_joined=where_joined, having=having_sql, derived=tuple(query.derived), aggregates=tuple(query.aggregates),
                 group_fields=tuple(query.group_fields), reads=tuple(query.reads),
-                group_labels=tuple(g.sql(dialect=Flink) for g in (group.expressions if group else [])), inner=tuple(inner))
+                group_labels=tuple(g.sql(dialect=Flink) for g in (group.expressions if group else [])), inner=tuple(inner),
+                settings=tuple(sorted((settings or {}).items())))
     _check_key(plan)
     _check_types(plan)
     return plan

@@ -29,7 +29,7 @@ def build_sql_progress_row(progress: dict, sink_rows: dict | None) -> dict:
     counts = sink_rows or {}
     return {
         "ts": progress["timestamp"], "ts_ms": ts, "query_id": progress.get("id"), "batch_id": progress["batchId"],
-        "rows_in": progress.get("numInputRows", 0), "rows_out": counts.get("result", 0),
+        "rows_in": progress.get("numInputRows", 0), "rows_out": sum(n for sink, n in counts.items() if sink.startswith("result")),
         "dead_letters": counts.get("dead_letter", 0),
         "input_rows_per_second": _finite(progress.get("inputRowsPerSecond")),
         "processed_rows_per_second": _finite(progress.get("processedRowsPerSecond")),

@@ -36,6 +36,7 @@ from pipeline.sinks import SinkMaintenance, last_committed_batch
 from pipeline.sql.envelope import envelope_ddl, field_name, make_parser, used_columns
 from pipeline.sql.plan import Plan, present_field
 from pipeline.sql.progress import build_sql_progress_row
+from pipeline.sql.statement_set import build_set_frame, result_sink, write_set_batch
 from pipeline.sql.sink import (SqlSinkWriter, build_dead_letters, build_messages, build_result, output_field,
                                send_messages, split_unsendable)
 
@@ -70,20 +71,38 @@ def plan_fingerprint(plan: Plan) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def describe_pipeline(plan: Plan, name: str) -> dict:
-    """What ``pipeline.json`` says (read by the console)."""
+def pipeline_fingerprint(plans: tuple[Plan, ...]) -> str:
+    """A script's fingerprint: its one INSERT's, or one of every INSERT's in a statement set."""
+    if len(plans) == 1:
+        return plan_fingerprint(plans[0])
+    return hashlib.sha256(json.dumps([plan_fingerprint(p) for p in plans]).encode()).hexdigest()[:16]
+
+
+def describe_pipeline(plans: Plan | tuple[Plan, ...], name: str) -> dict:
+    """What ``pipeline.json`` says (read by the console): the first INSERT's target, and in a
+    statement set each INSERT's under ``inserts`` with its result sink."""
+    plans = plans if isinstance(plans, tuple) else (plans,)
+    described = dict(_describe(plans[0], name), fingerprint=pipeline_fingerprint(plans),
+                     sources={t.name: t.topic for p in plans for t in p.sides})
+    if len(plans) > 1:
+        described["kind"] = "statement set"
+        described["inserts"] = [dict(_describe(p, name), sink=result_sink(plans, i)) for i, p in enumerate(plans)]
+    return described
+
+
+def _describe(plan: Plan, name: str) -> dict:
     return {"name": name, "kind": plan.kind, "statements": list(plan.statements), "fingerprint": plan_fingerprint(plan),
             "sources": {t.name: t.topic for t in plan.sides}, "target": plan.target.name,
             "target_topic": plan.target.topic, "primary_key": plan.target.primary_key,
             "columns": [c.name for c in plan.target.payload_columns]}
 
 
-def check_checkpoint(root: Path, plan: Plan, name: str) -> None:
+def check_checkpoint(root: Path, plans: tuple[Plan, ...], name: str) -> None:
     """Refuse a checkpoint that other statements wrote (its state has another layout)."""
     info = root / PIPELINE_FILE
     if last_committed_batch(root / "checkpoint") >= 0 and info.is_file():
         old = json.loads(info.read_text()).get("fingerprint")
-        if old != plan_fingerprint(plan):
+        if old != pipeline_fingerprint(plans):
             raise ConfigError(f"SQL pipeline {name!r} has a checkpoint under {str(root)!r} written by other "
                               "statements; give these statements another --name, or delete that folder to start over")
 
@@ -189,24 +208,42 @@ def apply_where(rows, plan: Plan):
     return rows
 
 
-def build_query(spark, settings: Settings, plan: Plan, name: str, service_url: str, writer: SqlSinkWriter, producer,
-                guard=lambda write: write):
+def read_source(spark, settings: Settings, tables, name: str, service_url: str):
+    """The pipeline's source: every table's topic, read from the earliest message, counted per partition.
+
+    # {"kind": "users", "topic": …, "partition": -1, "message_id": "…", "position": 3, "key": "100-1", "value": b"…"}
+    """
     from pipeline.source.counts import list_topic_partitions, observe_rows
     from pipeline.source.datasource import PulsarDataSource
 
     spark.dataSource.register(PulsarDataSource)
-    topics = ",".join(f"{table.name}={table.topic}" for table in plan.sides)
+    topics = ",".join(f"{table.name}={table.topic}" for table in tables)
     source = (spark.readStream.format("pulsar").option("service_url", service_url).option("topics", topics)
               .option("maxRowsPerBatch", settings["job.max_rows_per_batch"])
               .option("maxBytesPerBatch", settings["job.max_bytes_per_batch"])
               .option("statsDir", str(store.sql_dir(settings.data_dir, name) / "source-stats"))
               .option("startingOffsets", "earliest").load())
     # the source's offsets count broker entries; each batch's messages are counted here
-    source = observe_rows(source, list_topic_partitions(service_url, {t.name: t.topic for t in plan.sides},
-                                                        settings["pulsar.auth_token"]))
-    # {"kind": "users", "topic": …, "partition": -1, "message_id": "…", "position": 3, "key": "100-1", "value": b"…"}
-    rows = source.mapInArrow(make_parser(plan), envelope_ddl(plan))
-    out = apply_operators(rows, plan)
+    return observe_rows(source, list_topic_partitions(service_url, {t.name: t.topic for t in tables},
+                                                      settings["pulsar.auth_token"]))
+
+
+def source_tables(plans: tuple[Plan, ...]) -> list:
+    """Every table the INSERTs read, each once, in the order first read."""
+    found = {}
+    for plan in plans:
+        for table in plan.sides:
+            found.setdefault(table.name.lower(), table)
+    return list(found.values())
+
+
+def build_query(spark, settings: Settings, plans: tuple[Plan, ...], name: str, service_url: str, writer: SqlSinkWriter,
+                producers: list, guard=lambda write: write):
+    source = read_source(spark, settings, source_tables(plans), name, service_url)
+    if len(plans) == 1:
+        out = apply_operators(source.mapInArrow(make_parser(plans[0]), envelope_ddl(plans[0])), plans[0])
+    else:
+        out = build_set_frame(source, plans, apply_operators)
 
     def write_batch(batch_df, batch_id: int) -> None:
         import time
@@ -215,10 +252,14 @@ def build_query(spark, settings: Settings, plan: Plan, name: str, service_url: s
 
         table = batch_df.toArrow()
         now = int(time.time() * 1000)
-        result, unsendable = split_unsendable(plan, build_result(plan, table, batch_id, now), batch_id, now)
-        send_messages(producer, build_messages(plan, result))
-        dead_letters = pa.concat_tables([build_dead_letters(table, batch_id, now), unsendable])
-        writer.commit_batch({"result": result, "dead_letter": dead_letters}, batch_id)
+        if len(plans) > 1:
+            write_set_batch(plans, producers, writer, table, batch_id, now)
+        else:
+            plan = plans[0]
+            result, unsendable = split_unsendable(plan, build_result(plan, table, batch_id, now), batch_id, now)
+            send_messages(producers[0], build_messages(plan, result))
+            dead_letters = pa.concat_tables([build_dead_letters(table, batch_id, now), unsendable])
+            writer.commit_batch({"result": result, "dead_letter": dead_letters}, batch_id)
         give_back_freed_memory()
 
     interval_ms = int(settings["job.trigger_interval"] * 1000)
@@ -255,9 +296,10 @@ def start_maintenance(settings: Settings, root: Path, writer: SqlSinkWriter, rec
                            prune=lambda: prune_old_days(root, settings["metrics.retention"])).start()
 
 
-def run_sql_pipeline(settings: Settings, plan: Plan, name: str, max_batches: int = 0,
+def run_sql_pipeline(settings: Settings, plan: Plan | tuple[Plan, ...], name: str, max_batches: int = 0,
                      stop: threading.Event | None = None, spark=None) -> None:
-    """Run the pipeline until stopped (``stop``, Ctrl-C / SIGTERM), ``max_batches`` are done, or it fails for good."""
+    """Run the pipeline (one INSERT's plan, or a statement set's plans) until stopped (``stop``,
+    Ctrl-C / SIGTERM), ``max_batches`` are done, or it fails for good."""
     from pipeline.job import connect_broker
     from pipeline.runtime.supervisor import Lifecycle, Supervisor, stop_on_signals
     from pipeline.runtime.spark import deliver_pending_events
@@ -267,18 +309,19 @@ def run_sql_pipeline(settings: Settings, plan: Plan, name: str, max_batches: int
     with _DATA_DIR_CHECK:
         root = store.sql_dir(store.ensure_data_dir(settings.data_dir), name)
     fd = lock_pipeline(root, name)
+    plans = plan if isinstance(plan, tuple) else (plan,)
     own_broker = client = listener = maintenance = None
     try:
-        check_checkpoint(root, plan, name)
-        (root / PIPELINE_FILE).write_text(json.dumps(describe_pipeline(plan, name), indent=2) + "\n")
+        check_checkpoint(root, plans, name)
+        (root / PIPELINE_FILE).write_text(json.dumps(describe_pipeline(plans, name), indent=2) + "\n")
         checkpoint = root / "checkpoint"
         metrics = MetricsStore(root)
-        writer = SqlSinkWriter(root)
+        writer = SqlSinkWriter(root, [result_sink(plans, i) for i in range(len(plans))])
         stop = stop or threading.Event()
         stop_on_signals(stop)
         service_url, own_broker = connect_broker(settings)
         client = make_client(service_url, token=settings["pulsar.auth_token"])
-        producer = create_producer(client, plan.target.topic)
+        producers = [create_producer(client, p.target.topic) for p in plans]
         if spark is None:
             from pipeline.runtime.spark import build_spark
 
@@ -293,8 +336,9 @@ def run_sql_pipeline(settings: Settings, plan: Plan, name: str, max_batches: int
 
         listener = make_listener(f"sql-{name}", metrics, writer, checkpoint, on_batch)
         spark.streams.addListener(listener)
-        metrics.event("sql_started", f"SQL pipeline {name!r} started: {plan.kind} into {plan.target.topic}",
-                      sources={t.name: t.topic for t in plan.sides})
+        into = ", ".join(f"{p.kind} into {p.target.topic}" for p in plans)
+        metrics.event("sql_started", f"SQL pipeline {name!r} started: {into}",
+                      sources={t.name: t.topic for t in source_tables(plans)})
         maintenance = start_maintenance(settings, root, writer, metrics.event)
         lifecycle = Lifecycle(f"SQL pipeline {name!r}", "sql_failed", "sql_stopped", SqlPipelineFailed)
         supervisor = Supervisor(lifecycle, stop, settings["job.restart.attempts"], settings["job.restart.delay"],
@@ -302,7 +346,7 @@ def run_sql_pipeline(settings: Settings, plan: Plan, name: str, max_batches: int
 
         def start():
             writer.recover(last_committed_batch(checkpoint))
-            return build_query(spark, settings, plan, name, service_url, writer, producer, supervisor.batch)
+            return build_query(spark, settings, plans, name, service_url, writer, producers, supervisor.batch)
 
         supervisor.run(start, committed=lambda: last_committed_batch(checkpoint), failure=lambda: writer.failure)
     finally:

@@ -14,9 +14,9 @@ from pipeline.errors import ConfigError
 from pipeline.sql.plan import Plan
 
 
-def load_samples(path: Path, plan: Plan) -> list[tuple[str, str, bytes]]:
-    """(topic, key, payload) per line, checked against the plan's tables."""
-    topics = {table.name: table.topic for table in plan.sides}
+def load_samples(path: Path, plan: Plan | tuple[Plan, ...]) -> list[tuple[str, str, bytes]]:
+    """(topic, key, payload) per line, checked against the tables the plan (or a statement set's plans) read."""
+    topics = {table.name: table.topic for p in (plan if isinstance(plan, tuple) else (plan,)) for table in p.sides}
     messages = []
     for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():

@@ -172,9 +172,11 @@ def send_messages(producer, messages: list[tuple[str, bytes]]) -> None:
 class SqlSinkWriter(DeltaSinks):
     """A SQL pipeline's two Delta tables (see the module docstring)."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, results: list[str] | None = None):
         self.root = Path(root)  # <data_dir>/sql/<name>
-        super().__init__({sink: self.folder(sink) for sink in SQL_SINKS})
+        # "result", or a statement set's result_<target> per INSERT (pipeline/sql/statement_set.py)
+        sinks = [*(results or ["result"]), "dead_letter"]
+        super().__init__({sink: self.folder(sink) for sink in sinks})
 
     def folder(self, sink: str) -> Path:
         return self.root / "sinks" / sink

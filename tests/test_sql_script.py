@@ -1,0 +1,94 @@
+"""Scripts of several statements, planned (pure): views inlined, statement sets, SET, and their refusals."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from pipeline.sql.plan import UnsupportedSql, build_plan
+from pipeline.sql.script import build_pipeline
+from pipeline.sql.settings import duration_ms
+
+TABLE = """CREATE TABLE {name} ({columns}, PRIMARY KEY ({key}) NOT ENFORCED) WITH ('connector' = 'upsert-pulsar',
+ 'topic' = 'persistent://public/default/{name}', 'key.format' = 'raw', 'value.format' = 'json');"""
+USERS = TABLE.format(name="users", columns="uid STRING, accountId STRING, id INT, score DOUBLE", key="uid")
+COLORS = TABLE.format(name="colors", columns="userUid STRING, color STRING", key="userUid")
+OUT = TABLE.format(name="out", columns="k STRING, n BIGINT, c STRING", key="k")
+COUNTS = TABLE.format(name="counts", columns="accountId STRING, n BIGINT", key="accountId")
+
+
+def test_a_view_is_inlined_into_the_query_that_reads_it():
+    plan = build_plan(f"""{USERS}\n{OUT}
+        CREATE TEMPORARY VIEW active (uid, account, tenfold) AS SELECT uid, UPPER(accountId), id * 10 FROM users WHERE id > 0;
+        INSERT INTO out SELECT uid, tenfold, account || '!' FROM active WHERE tenfold < 100;""")
+    assert plan.kind == "join" and [t.name for t in plan.sides] == ["users"]
+    assert plan.where == "((`s0_id` > 0) AND (try_multiply(`s0_id`, 10) < 100))"
+    assert [o.expression for o in plan.outputs] == [None, "try_multiply(`s0_id`, 10)", "concat(upper(`s0_accountId`), '!')"]
+    assert len(plan.statements) == 4  # the view's text is shown with the others
+
+
+def test_a_view_of_a_view_of_a_join_and_a_group_by_over_a_view():
+    plan = build_plan(f"""{USERS}\n{COLORS}\n{COUNTS}
+        CREATE VIEW colored AS SELECT u.uid, u.accountId AS acc, c.color FROM users u LEFT JOIN colors c ON u.uid = c.userUid;
+        CREATE VIEW red AS SELECT uid, acc FROM colored WHERE color = 'red';
+        INSERT INTO counts SELECT uid, 1 FROM red;""")
+    assert [t.name for t in plan.sides] == ["users", "colors"] and plan.where_joined == "(`s1_color` = 'red')"
+    grouped = build_plan(f"""{USERS}\n{COUNTS}
+        CREATE VIEW positive AS SELECT accountId, id FROM users WHERE id > 0;
+        INSERT INTO counts SELECT accountId, COUNT(*) FROM positive GROUP BY accountId;""")
+    assert grouped.kind == "aggregate" and grouped.where == "(`s0_id` > 0)" and grouped.group_by == ("accountId",)
+
+
+def test_where_over_an_aggregating_view_is_its_having():
+    plan = build_plan(f"""{USERS}\n{COUNTS}
+        CREATE VIEW sizes AS SELECT accountId, COUNT(*) AS users FROM users GROUP BY accountId;
+        INSERT INTO counts SELECT accountId, users FROM sizes WHERE users >= 2;""")
+    assert plan.kind == "aggregate" and plan.having == "(`agg1` >= 2)"
+
+
+def test_several_inserts_and_statement_sets_plan_one_pipeline_each():
+    inserts = f"""INSERT INTO counts SELECT accountId, COUNT(*) FROM users GROUP BY accountId;
+        INSERT INTO out SELECT uid, id, accountId FROM users;"""
+    for script in (f"{USERS}\n{COUNTS}\n{OUT}\n{inserts}",
+                   f"{USERS}\n{COUNTS}\n{OUT}\nEXECUTE STATEMENT SET BEGIN\n{inserts}\nEND;",
+                   f"{USERS}\n{COUNTS}\n{OUT}\nBEGIN STATEMENT SET;\n{inserts}\nEND;"):
+        plans = build_pipeline(script)
+        assert [(p.kind, p.target.name) for p in plans] == [("aggregate", "counts"), ("join", "out")]
+    with pytest.raises(UnsupportedSql, match=re.escape("2 INSERT INTO statements where one plan is asked for")):
+        build_plan(f"{USERS}\n{COUNTS}\n{OUT}\n{inserts}")
+
+
+def test_set_state_ttl_is_read_as_flinks_durations():
+    plan = build_plan(f"{USERS}\n{COUNTS}\nSET 'table.exec.state.ttl' = '90 min';\n"
+                      "INSERT INTO counts SELECT accountId, COUNT(*) FROM users GROUP BY accountId;")
+    assert plan.settings == (("table.exec.state.ttl", "90 min"),)
+    assert [duration_ms(t) for t in ("1 h", "1d", "500 ms", "2000", "10 s", "3 minutes")] == [
+        3_600_000, 86_400_000, 500, 2000, 10_000, 180_000]
+
+
+@pytest.mark.parametrize("statements, message", [
+    ("CREATE VIEW v AS SELECT * FROM users; INSERT INTO counts SELECT uid, 1 FROM v",
+     "CREATE VIEW v: SELECT * is not supported"),
+    ("CREATE VIEW v AS SELECT accountId FROM users; INSERT INTO counts SELECT accountId, COUNT(id) FROM v GROUP BY accountId",
+     "'id': view 'v' has no column 'id'; its columns are ['accountId']"),
+    ("CREATE VIEW v AS SELECT accountId, COUNT(*) AS n FROM users GROUP BY accountId; "
+     "INSERT INTO counts SELECT accountId, COUNT(*) FROM v GROUP BY accountId",
+     "GROUP BY over view 'v', which has GROUP BY, is not supported"),
+    ("CREATE VIEW users AS SELECT uid FROM users; INSERT INTO counts SELECT uid, 1 FROM users",
+     "CREATE VIEW users: a table or view named 'users' exists already"),
+    ("CREATE VIEW v AS SELECT uid FROM users ORDER BY uid; INSERT INTO counts SELECT uid, 1 FROM v",
+     "ORDER BY is not supported in CREATE VIEW v"),
+    ("CREATE VIEW v AS SELECT uid, id + 1 FROM users; INSERT INTO counts SELECT uid, 1 FROM v",
+     "CREATE VIEW v: column 'id + 1' has no name; name it with AS"),
+    ("EXECUTE STATEMENT SET BEGIN INSERT INTO counts SELECT uid, 1 FROM users;", "EXECUTE STATEMENT SET BEGIN has no END"),
+    ("EXECUTE STATEMENT SET BEGIN CREATE VIEW v AS SELECT uid FROM users; END",
+     "statement CREATE inside EXECUTE STATEMENT SET is not supported; supported there: INSERT INTO"),
+    ("SET 'table.exec.state.ttl' = 'soon'; INSERT INTO counts SELECT uid, 1 FROM users",
+     "SET 'table.exec.state.ttl' = 'soon' is not a duration"),
+    ("CREATE VIEW v AS SELECT uid FROM users", "0 INSERT INTO statements"),
+])
+def test_script_statements_outside_the_subset_are_refused_in_one_line(statements, message):
+    with pytest.raises(UnsupportedSql, match=re.escape(message)) as caught:
+        build_pipeline(f"{USERS}\n{COUNTS}\n{statements};")
+    assert "\n" not in str(caught.value)
