@@ -21,7 +21,8 @@ Delivery guarantee, exactly-once for every reader of the log, even right after `
   (pipeline/control/savepoints.py) makes it finish after a crash: rolling back twice is a no-op.
 - :meth:`DeltaSinks.maintain` compacts small files (``optimize``) and vacuums files that no
   version within the retention needs; the job runs it on a schedule (``sinks.*`` settings),
-  on its own thread: Delta's optimistic concurrency lets batches commit meanwhile.
+  on its own thread: Delta's optimistic concurrency lets batches commit meanwhile. How a
+  round stays bounded by what changed is in pipeline/sink_maintenance.py.
 
 A failure to write names the path in one SinkError and is never retried: a full disk or a
 read-only folder stays so.
@@ -30,7 +31,6 @@ read-only folder stays so.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from pathlib import Path
@@ -343,48 +343,14 @@ class DeltaSinks:
 
     def maintain(self, compact: bool = True, retention_s: float | None = None,
                  log_retention_s: float | None = None) -> dict[str, dict]:
-        """Compact each table's small files, then vacuum the files no version within
-        ``retention_s`` needs (None: no vacuum), and drop log entries older than
-        ``log_retention_s`` (default ``retention_s``; at least an hour). Safe while
-        batches commit (Delta's optimistic concurrency), and after a kill at any point:
-        files a killed optimize wrote are in no commit, and a later vacuum removes them."""
-        from deltalake import WriterProperties
+        """One maintenance round on each table (pipeline/sink_maintenance.py: compaction of
+        the small files, vacuum with ``retention_s`` (None: none), the log kept
+        ``log_retention_s``). Safe while batches commit, and after a kill at any point."""
+        from pipeline.sink_maintenance import maintain_table
 
-        done = {}
-        for name, path in self.paths.items():
-            table = open_table(path)
-            if table is None:
-                continue
-            facts: dict = {}
-            if compact:
-                metrics = table.optimize.compact(writer_properties=WriterProperties(compression="ZSTD"))
-                facts["files_removed"] = metrics.get("numFilesRemoved", 0)
-                facts["files_added"] = metrics.get("numFilesAdded", 0)
-            if retention_s is not None:
-                hours = max(0, math.ceil(retention_s / 3600))
-                table = open_table(path)
-                # vacuum lists every file the log still remembers as removed, those an earlier
-                # round deleted too: only the ones still on disk are this round's
-                removed = table.vacuum(retention_hours=hours, dry_run=True, enforce_retention_duration=False)
-                present = [name for name in removed if (path / name).exists()]
-                table.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False)
-                facts["files_vacuumed"] = len(present)
-                # One JSON per commit would otherwise pile up for Delta's default 30 days, and
-                # each checkpoint would carry a tombstone per replaced file for Delta's default
-                # week; the checkpoint keeps the transaction versions. At least an hour, so that a
-                # reader loading the table never loses a log file under it.
-                table = open_table(path)
-                log_hours = max(1, math.ceil((retention_s if log_retention_s is None else log_retention_s) / 3600))
-                wanted = {"delta.logRetentionDuration": f"interval {log_hours} hours",
-                          "delta.deletedFileRetentionDuration": f"interval {max(1, hours)} hours"}
-                configured = table.metadata().configuration
-                if any(configured.get(key) != value for key, value in wanted.items()):
-                    table.alter.set_table_properties(wanted)
-                    table = open_table(path)
-                table.create_checkpoint()
-                table.cleanup_metadata()
-            done[name] = facts
-        return done
+        done = {name: maintain_table(path, compact=compact, retention_s=retention_s, log_retention_s=log_retention_s)
+                for name, path in self.paths.items()}
+        return {name: facts for name, facts in done.items() if facts is not None}  # None: no table yet
 
 
 def _missing_files(path: Path, version: int) -> list[str]:
@@ -419,92 +385,13 @@ def last_committed_batch(checkpoint: Path) -> int:
     return max(ids, default=-1)
 
 
-# ------------------------------------------------------------------ compaction and vacuum on a schedule
+# Maintenance has its own module (it imports this one); its names stay importable from here.
+_MAINTENANCE_NAMES = ("SinkMaintenance", "oldest_savepoint_age_s", "vacuum_retention_s", "log_retention_s")
 
 
-def oldest_savepoint_age_s(data_dir: Path, now_s: float | None = None) -> float | None:
-    """Seconds since the oldest savepoint was taken (None without savepoints); read from the
-    savepoints' own ``savepoint.json``, as pipeline/control/savepoints.py writes it."""
-    import json
-    from datetime import datetime
+def __getattr__(name: str):
+    if name in _MAINTENANCE_NAMES:
+        from pipeline import sink_maintenance
 
-    root = store.savepoints_dir(data_dir)
-    taken = []
-    for meta in root.glob("*/savepoint.json") if root.is_dir() else []:
-        try:
-            stamp = json.loads(meta.read_text())["taken_at"]
-            taken.append(datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp())
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    if not taken:
-        return None
-    return max(0.0, (time.time() if now_s is None else now_s) - min(taken))
-
-
-def vacuum_retention_s(data_dir: Path, configured_s: float, now_s: float | None = None) -> float:
-    """The retention a vacuum uses: the configured one, or longer, back to the oldest savepoint
-    (plus an hour: vacuum counts whole hours), so every savepoint stays restorable."""
-    age = oldest_savepoint_age_s(data_dir, now_s)
-    return configured_s if age is None else max(configured_s, age + 3600)
-
-
-class SinkMaintenance:
-    """The job's background thread that compacts and vacuums the sinks every ``interval_s``,
-    between (and during) batches: Delta's optimistic concurrency lets a batch commit meanwhile;
-    each round first removes metrics day files past their retention (``prune``). Each round is a
-    ``sinks_maintained`` event with what it did; a failure is logged and recorded as an event,
-    and the next round tries again."""
-
-    def __init__(self, writer: DeltaSinks, data_dir: Path, interval_s: float, retention_s: float, record=None,
-                 prune=None):
-        import threading
-
-        self.prune = prune  # () -> list of removed metrics files, run after the sinks each round
-        self.writer, self.data_dir = writer, Path(data_dir)
-        self.interval_s, self.retention_s = interval_s, retention_s
-        self.record = record  # (kind, message, **details) -> None, the job's event recorder
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="sink-maintenance", daemon=True)
-
-    def start(self) -> "SinkMaintenance":
-        if self.interval_s > 0:
-            self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=60)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.run_once()
-
-    def run_once(self) -> dict:
-        if self.prune is not None:
-            try:
-                removed = self.prune()
-                if removed and self.record:
-                    self.record("metrics_pruned", f"removed {len(removed)} metrics day files past the retention",
-                                files=[str(path) for path in removed][:50])
-            except OSError as exc:
-                log.warning("cannot remove old metrics files (the next round tries again): %s", exc)
-        started = time.monotonic()
-        retention = vacuum_retention_s(self.data_dir, self.retention_s)
-        try:  # the log only as far back as a savepoint needs it (or an hour)
-            done = self.writer.maintain(compact=True, retention_s=retention,
-                                        log_retention_s=vacuum_retention_s(self.data_dir, 0))
-        except Exception as exc:  # never fatal: the batches go on, the next round tries again
-            log.warning("sink compaction or vacuum failed (the next round tries again): %s", exc)
-            if self.record:
-                self.record("sinks_maintenance_failed", f"sink compaction or vacuum failed: {str(exc).splitlines()[0]}",
-                            error=str(exc)[:500])
-            return {}
-        took = time.monotonic() - started
-        removed = sum(facts.get("files_removed", 0) for facts in done.values())
-        vacuumed = sum(facts.get("files_vacuumed", 0) for facts in done.values())
-        if self.record:  # every round, so the console can say when maintenance last ran (app/storage.py)
-            self.record("sinks_maintained", f"sinks compacted ({removed} files into "
-                        f"{sum(facts.get('files_added', 0) for facts in done.values())}) and vacuumed ({vacuumed} "
-                        f"files) in {took:.1f}s", sinks=done, retention_s=retention, duration_s=round(took, 3))
-        return done
+        return getattr(sink_maintenance, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

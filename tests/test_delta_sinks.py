@@ -94,13 +94,14 @@ def test_compaction_bounds_the_files_and_vacuum_removes_the_replaced_ones(tmp_pa
     done = writer.maintain(compact=True, retention_s=0)
     assert done["dead_letter"]["files_vacuumed"] == 40 and data_files(tmp_path) == 1 and ids(tmp_path) == before
     table = sinks.open_table(store.sink_dir(tmp_path, "dead_letter"))
-    assert table.metadata().configuration["delta.logRetentionDuration"] == "interval 1 hours"  # the log is kept an hour
+    # the log is kept ten minutes (pipeline/sink_maintenance.py: LOG_RETENTION_MIN_S)
+    assert table.metadata().configuration["delta.logRetentionDuration"] == "interval 10 minutes"
     again = writer.maintain(compact=True, retention_s=0, log_retention_s=7200)
     assert again["dead_letter"]["files_vacuumed"] == 0  # the files a round before deleted are not counted again
     table = sinks.open_table(store.sink_dir(tmp_path, "dead_letter"))
     # a checkpoint keeps a tombstone per replaced file only as long as vacuum keeps the file (not a week)
     assert table.metadata().configuration["delta.deletedFileRetentionDuration"] == "interval 1 hours"
-    assert table.metadata().configuration["delta.logRetentionDuration"] == "interval 2 hours"
+    assert table.metadata().configuration["delta.logRetentionDuration"] == "interval 120 minutes"
     assert sinks.committed_batch(table) == 39  # the checkpoint keeps the transaction version
 
 

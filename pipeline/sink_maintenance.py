@@ -1,0 +1,202 @@
+"""Sink maintenance: compaction, vacuum and log cleanup of the Delta sinks, on a schedule.
+
+:func:`maintain_table` is one round on one table (:meth:`pipeline.sinks.DeltaSinks.maintain`
+runs it on each sink); :class:`SinkMaintenance` is the job's thread that runs a round every
+``sinks.compact_interval``. A round costs what changed since the last one, not the table's history:
+
+- **Compaction in two tiers.** Delta's ``optimize`` rewrites every file under its target size,
+  so one target would rewrite the whole table (up to the target) on every round: at 20,000
+  batches of bench/bench_month.py that was an 81 MB file rewritten each minute, 15 s a round at
+  load 12-18. Each round compacts only the files under :data:`SMALL_FILE_BYTES` (the per-batch
+  files, and the one partial small-tier file); only when :data:`MERGE_AFTER_FILES` files lie
+  between that and :data:`TARGET_FILE_BYTES` are those merged, at most one target's worth of
+  bytes. Files past the target are never read again, and the files a reader opens stay about
+  ``table bytes / target + MERGE_AFTER_FILES``.
+- **The log** (``_delta_log/``, one JSON per commit) keeps :data:`LOG_RETENTION_MIN_S` of commits,
+  or back to the oldest savepoint (a restore reads its version's commit): at four commits a
+  second that is ~2,400 files, where an hour kept ~14,000 (120 MB per sink).
+- **Vacuum** removes the files no version within the retention needs.
+
+Safe while batches commit (Delta's optimistic concurrency; a batch's commit that meets a round's
+commit is tried again, pipeline/sinks.py) and after a kill at any point: files a killed optimize
+wrote are in no commit, and a later vacuum removes them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+
+from pipeline import store
+
+log = logging.getLogger(__name__)
+
+SMALL_FILE_BYTES = 1 << 20  # files under this are compacted every round (bytes of input files)
+TARGET_FILE_BYTES = 32 << 20  # files under this are merged once MERGE_AFTER_FILES of them wait
+MERGE_AFTER_FILES = 8
+# A reader loads the newest checkpoint and the commits after it, all written within seconds; ten
+# minutes of commits is ample for the slowest reader and bounds the log by time, not batches.
+LOG_RETENTION_MIN_S = 600.0
+
+
+def _writer_properties():
+    from deltalake import WriterProperties
+
+    return WriterProperties(compression="ZSTD")
+
+
+def _round_facts(metrics: dict) -> dict:
+    """What one ``optimize`` did: files removed and added, and the input bytes it read."""
+    removed = metrics.get("filesRemoved") or "{}"
+    removed = json.loads(removed) if isinstance(removed, str) else removed
+    return {"files_removed": metrics.get("numFilesRemoved", 0), "files_added": metrics.get("numFilesAdded", 0),
+            "bytes_rewritten": int(removed.get("totalSize") or 0)}
+
+
+def compact_table(table, small_bytes: int = SMALL_FILE_BYTES, target_bytes: int = TARGET_FILE_BYTES,
+                  merge_after: int = MERGE_AFTER_FILES) -> dict:
+    """Compact the table's small files; merge the middle tier once ``merge_after`` files wait in
+    it. Returns ``files_removed``, ``files_added``, ``bytes_rewritten`` (input bytes read) and
+    ``merged`` (whether the middle tier was merged)."""
+    facts = _round_facts(table.optimize.compact(target_size=small_bytes, writer_properties=_writer_properties()))
+    facts["merged"] = False
+    if facts["files_removed"]:
+        table.update_incremental()
+    sizes = table.get_add_actions(flatten=True).column("size_bytes").to_pylist()
+    if sum(1 for size in sizes if size < target_bytes) >= merge_after:
+        merged = _round_facts(table.optimize.compact(target_size=target_bytes, writer_properties=_writer_properties()))
+        facts = {key: facts[key] + merged[key] for key in merged} | {"merged": True}
+    return facts
+
+
+def maintain_table(path: Path, compact: bool = True, retention_s: float | None = None,
+                   log_retention_s: float | None = None) -> dict | None:
+    """One round on the table at ``path`` (None without a table): compact (:func:`compact_table`),
+    then, with ``retention_s``, vacuum what no version within it needs, and keep the log
+    ``log_retention_s`` (default ``retention_s``; at least :data:`LOG_RETENTION_MIN_S`)."""
+    from pipeline.sinks import open_table
+
+    path = Path(path)
+    table = open_table(path)
+    if table is None:
+        return None
+    facts: dict = {}
+    if compact:
+        facts.update(compact_table(table))
+    if retention_s is not None:
+        hours = max(0, math.ceil(retention_s / 3600))
+        table = open_table(path)
+        # vacuum lists every file the log still remembers as removed, those an earlier round
+        # deleted too: only the ones still on disk are this round's
+        removed = table.vacuum(retention_hours=hours, dry_run=True, enforce_retention_duration=False)
+        present = [name for name in removed if (path / name).exists()]
+        table.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False)
+        facts["files_vacuumed"] = len(present)
+        # One JSON per commit would otherwise pile up for Delta's default 30 days, and each
+        # checkpoint would carry a tombstone per replaced file for Delta's default week; the
+        # checkpoint keeps the transaction versions.
+        table = open_table(path)
+        wanted_log_s = retention_s if log_retention_s is None else log_retention_s
+        log_minutes = math.ceil(max(LOG_RETENTION_MIN_S, wanted_log_s) / 60)
+        wanted = {"delta.logRetentionDuration": f"interval {log_minutes} minutes",
+                  "delta.deletedFileRetentionDuration": f"interval {max(1, hours)} hours"}
+        configured = table.metadata().configuration
+        if any(configured.get(key) != value for key, value in wanted.items()):
+            table.alter.set_table_properties(wanted)
+            table = open_table(path)
+        table.create_checkpoint()
+        table.cleanup_metadata()
+    return facts
+
+
+def oldest_savepoint_age_s(data_dir: Path, now_s: float | None = None) -> float | None:
+    """Seconds since the oldest savepoint was taken (None without savepoints); read from the
+    savepoints' own ``savepoint.json``, as pipeline/control/savepoints.py writes it."""
+    root = store.savepoints_dir(data_dir)
+    taken = []
+    for meta in root.glob("*/savepoint.json") if root.is_dir() else []:
+        try:
+            stamp = json.loads(meta.read_text())["taken_at"]
+            taken.append(datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp())
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    if not taken:
+        return None
+    return max(0.0, (time.time() if now_s is None else now_s) - min(taken))
+
+
+def vacuum_retention_s(data_dir: Path, configured_s: float, now_s: float | None = None) -> float:
+    """The retention a vacuum uses: the configured one, or longer, back to the oldest savepoint
+    (plus an hour: vacuum counts whole hours), so every savepoint stays restorable."""
+    age = oldest_savepoint_age_s(data_dir, now_s)
+    return configured_s if age is None else max(configured_s, age + 3600)
+
+
+def log_retention_s(data_dir: Path, now_s: float | None = None) -> float:
+    """How long the log is kept: back to the oldest savepoint (and an hour), else the minimum."""
+    age = oldest_savepoint_age_s(data_dir, now_s)
+    return LOG_RETENTION_MIN_S if age is None else max(LOG_RETENTION_MIN_S, age + 3600)
+
+
+class SinkMaintenance:
+    """The job's background thread that compacts and vacuums the sinks every ``interval_s``,
+    between (and during) batches: Delta's optimistic concurrency lets a batch commit meanwhile;
+    each round first removes metrics day files past their retention (``prune``). Each round is a
+    ``sinks_maintained`` event with what it did; a failure is logged and recorded as an event,
+    and the next round tries again. ``writer`` is a :class:`pipeline.sinks.DeltaSinks`."""
+
+    def __init__(self, writer, data_dir: Path, interval_s: float, retention_s: float, record=None, prune=None):
+        self.prune = prune  # () -> list of removed metrics files, run after the sinks each round
+        self.writer, self.data_dir = writer, Path(data_dir)
+        self.interval_s, self.retention_s = interval_s, retention_s
+        self.record = record  # (kind, message, **details) -> None, the job's event recorder
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="sink-maintenance", daemon=True)
+
+    def start(self) -> "SinkMaintenance":
+        if self.interval_s > 0:
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=60)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.run_once()
+
+    def run_once(self) -> dict:
+        if self.prune is not None:
+            try:
+                removed = self.prune()
+                if removed and self.record:
+                    self.record("metrics_pruned", f"removed {len(removed)} metrics day files past the retention",
+                                files=[str(path) for path in removed][:50])
+            except OSError as exc:
+                log.warning("cannot remove old metrics files (the next round tries again): %s", exc)
+        started = time.monotonic()
+        retention = vacuum_retention_s(self.data_dir, self.retention_s)
+        try:  # the log only as far back as a savepoint needs it (or LOG_RETENTION_MIN_S)
+            done = self.writer.maintain(compact=True, retention_s=retention,
+                                        log_retention_s=log_retention_s(self.data_dir))
+        except Exception as exc:  # never fatal: the batches go on, the next round tries again
+            log.warning("sink compaction or vacuum failed (the next round tries again): %s", exc)
+            if self.record:
+                self.record("sinks_maintenance_failed", f"sink compaction or vacuum failed: {str(exc).splitlines()[0]}",
+                            error=str(exc)[:500])
+            return {}
+        took = time.monotonic() - started
+        removed = sum(facts.get("files_removed", 0) for facts in done.values())
+        vacuumed = sum(facts.get("files_vacuumed", 0) for facts in done.values())
+        if self.record:  # every round, so the console can say when maintenance last ran (app/storage.py)
+            self.record("sinks_maintained", f"sinks compacted ({removed} files into "
+                        f"{sum(facts.get('files_added', 0) for facts in done.values())}) and vacuumed ({vacuumed} "
+                        f"files) in {took:.1f}s", sinks=done, retention_s=retention, duration_s=round(took, 3))
+        return done

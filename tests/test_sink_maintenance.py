@@ -1,0 +1,105 @@
+"""Sink maintenance stays bounded by what changed (issue 28): a round never rewrites a file past
+the compaction target, and the Delta log is kept by time, not by the number of batches.
+
+Real Delta tables written by :class:`pipeline.sinks.SinkWriter`; no timing asserts: each test
+counts the files and bytes a round touched."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+
+import sinkread
+from pipeline import sink_maintenance, sinks, store
+
+
+def dead_letters(batch_id: int, rows: int = 2, payload_bytes: int = 1) -> dict[str, pa.Table]:
+    """A batch of dead letters with message ids ``m<batch>-<i>`` (payloads of random text)."""
+    table = pa.table({
+        "source_topic": ["t"] * rows, "source_partition": [0] * rows,
+        "source_message_id": [f"m{batch_id}-{i}" for i in range(rows)], "key": ["k"] * rows,
+        "payload": [uuid.uuid4().hex * payload_bytes for _ in range(rows)], "error": ["bad"] * rows,
+        "published_at": [0] * rows, "detected_at": [1_800_000_000_000 + batch_id] * rows, "batch_id": [batch_id] * rows,
+    }).cast(sinks.SCHEMAS["dead_letter"])
+    return {"dead_letter": table}
+
+
+def file_sizes(path: Path) -> dict[str, int]:
+    """The current files of the table at ``path`` with their sizes, from its log."""
+    actions = sinks.open_table(path).get_add_actions(flatten=True)
+    return dict(zip(actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist()))
+
+
+def test_a_round_rewrites_only_the_small_files_never_the_compacted_history(tmp_path):
+    writer = sinks.SinkWriter(tmp_path)
+    path = store.sink_dir(tmp_path, "dead_letter")
+    writer.commit_batch(dead_letters(0, rows=4000, payload_bytes=4), 0)  # the history: one big file
+    (history, history_bytes), = file_sizes(path).items()
+    # a batch's file is ~3 KB: two fit the small tier, and compacted files soon stop fitting it
+    small, target, merge_after = 8 << 10, 64 << 10, 3
+    assert history_bytes > target
+    batch, merges = 1, 0
+    for _ in range(12):
+        before = file_sizes(path)
+        for _ in range(3):
+            writer.commit_batch(dead_letters(batch), batch)
+            batch += 1
+        new_bytes = sum(size for name, size in file_sizes(path).items() if name not in before)
+        facts = sink_maintenance.compact_table(sinks.open_table(path), small, target, merge_after)
+        after = file_sizes(path)
+        assert after[history] == history_bytes  # the compacted history is never read again
+        # what this round added, and at most the few files under the target waiting since the
+        # last merge (and the partial merged file): never the history, whatever the round
+        bound = new_bytes + merge_after * small + (target if facts["merged"] else 0)
+        assert 0 < facts["bytes_rewritten"] <= bound, facts
+        merges += facts["merged"]
+        assert len(after) <= 1 + merge_after + 2  # the history, the files waiting for a merge, the merged one
+    assert merges >= 1
+    rows = sinkread.rows(tmp_path, "dead_letter", "source_message_id")
+    assert len(rows) == 4000 + 2 * (batch - 1) and len({row["source_message_id"] for row in rows}) == len(rows)
+
+
+def test_the_log_is_kept_for_minutes_not_for_every_batch(tmp_path):
+    """Before: the log was kept an hour whatever the batches, ~14,000 commit files per sink at
+    four batches a second. Now it keeps LOG_RETENTION_MIN_S (or back to the oldest savepoint)."""
+    writer = sinks.SinkWriter(tmp_path)
+    path = store.sink_dir(tmp_path, "dead_letter")
+    for batch in range(250):
+        writer.commit_batch(dead_letters(batch), batch)
+    log_dir = path / "_delta_log"
+    half_an_hour_ago = time.time() - 1800
+    for entry in log_dir.iterdir():  # every commit so far is half an hour old
+        os.utime(entry, (half_an_hour_ago, half_an_hour_ago))
+    commits = sorted(log_dir.glob("*.json"))
+    assert len(commits) == 250  # an hour's retention would keep them all
+    writer.maintain(compact=True, retention_s=0, log_retention_s=sink_maintenance.log_retention_s(tmp_path))
+    table = sinks.open_table(path)
+    assert table.metadata().configuration["delta.logRetentionDuration"] == "interval 10 minutes"
+    left = sorted(log_dir.glob("*.json"))
+    # from the last checkpoint before the cutoff (Delta writes one every 100 commits), and the
+    # round's own commits
+    assert len(left) <= 100 + 10, [entry.name for entry in left]
+    assert sinks.committed_batch(table) == 249  # the checkpoint keeps the transaction version
+    assert len(sinkread.rows(tmp_path, "dead_letter", "source_message_id")) == 500
+
+
+def test_the_log_goes_back_to_the_oldest_savepoint(tmp_path):
+    now = 1_800_000_000.0  # 2027-01-15T08:00:00Z
+    assert sink_maintenance.log_retention_s(tmp_path, now) == sink_maintenance.LOG_RETENTION_MIN_S
+    folder = store.savepoints_dir(tmp_path) / "sp"
+    folder.mkdir(parents=True)
+    (folder / "savepoint.json").write_text(json.dumps({"name": "sp", "batch_id": 3,
+                                                       "taken_at": "2027-01-14T08:00:00.000Z"}))
+    assert sink_maintenance.log_retention_s(tmp_path, now) == 86400 + 3600
+
+
+def test_the_maintenance_names_stay_importable_from_the_sinks_module():
+    from pipeline.sinks import SinkMaintenance, vacuum_retention_s
+
+    assert SinkMaintenance is sink_maintenance.SinkMaintenance
+    assert vacuum_retention_s is sink_maintenance.vacuum_retention_s
