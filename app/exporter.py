@@ -51,6 +51,8 @@ PREFIX = "stateful_streams_"
 JOB_STATES = ("not_started", "running", "stalled", "restarting", "failed", "stopped")
 # End-to-end latency buckets (published -> enriched), seconds; a micro-batch job lives in 1-30 s.
 LATENCY_BUCKETS_S = (0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+# The histogram's first scrape counts the rows committed this long before the newest (LatencyHistogram).
+LATENCY_WINDOW_S = 300.0
 
 # Every metric the exporter serves, as Prometheus names it (a histogram adds _bucket, _sum, _count).
 METRICS = {
@@ -95,56 +97,62 @@ def _counter(name: str, help_text: str, samples: list[tuple[dict[str, str], Any]
 
 
 class LatencyHistogram:
-    """Cumulative end-to-end latency (``enriched_at - published_at``) over the committed enriched files.
+    """End-to-end latency (``enriched_at - published_at``) of committed enriched orders, as running totals.
 
-    Committed files never change, so each file is read once and its bucket counts kept; a
-    scrape reads only the files committed since the last one. A file that a savepoint restore
-    removed drops out of the totals (Prometheus treats the decrease as a counter reset).
-    Thread-safe: scrapes may overlap.
+    The first scrape counts the rows committed in the :data:`LATENCY_WINDOW_S` before the
+    newest one; each later scrape adds only the rows committed after the newest it counted.
+    Which files can hold those rows comes from the catalog (the Delta log's ``enriched_at``
+    statistics), so a file holding only older rows is never opened, whatever the history:
+    the totals read what was committed since the last scrape, not every enriched row. A
+    batch's rows share one ``enriched_at`` taken before it commits, and batches commit in
+    order, so no row is counted twice or missed between scrapes (unless the clock steps back);
+    a row a savepoint restore took back stays counted, and counts again when recommitted.
+    Thread-safe: scrapes may overlap. ``files_read`` is how many files the last scrape opened.
     """
 
-    def __init__(self, data_dir: Path):
+    def __init__(self, data_dir: Path, window_s: float | None = None):
         self.data_dir = data_dir
-        self._per_file: dict[SinkFile, tuple[list[int], float, int]] = {}
+        self.window_ms = int(1000 * (LATENCY_WINDOW_S if window_s is None else window_s))
+        self._through_ms: int | None = None  # rows committed at or before this are counted
+        self._under = [0] * len(LATENCY_BUCKETS_S)
+        self._sum, self._count = 0.0, 0
+        self.files_read = 0
         self._lock = threading.Lock()
 
     def totals(self, connection) -> tuple[list[tuple[str, float]], float]:
         """``([(upper_bound, cumulative_count), …, ("+Inf", count)], sum_seconds)`` for the histogram."""
         with self._lock:
-            files = [entry for entry in catalog_for(self.data_dir).files("enriched") if entry.rows]
-            new = [entry for entry in files if entry not in self._per_file]
-            if new:
-                self._per_file.update(self._read(connection, new))
-            current = set(files)
-            for gone in [entry for entry in self._per_file if entry not in current]:
-                del self._per_file[gone]
-            cumulative = [0] * len(LATENCY_BUCKETS_S)
-            total_sum, total_count = 0.0, 0
-            for counts, seconds, count in self._per_file.values():
-                cumulative = [a + b for a, b in zip(cumulative, counts)]
-                total_sum += seconds
-                total_count += count
-        buckets = [(str(bound), float(n)) for bound, n in zip(LATENCY_BUCKETS_S, cumulative)]
-        return buckets + [("+Inf", float(total_count))], total_sum
+            files = [entry for entry in catalog_for(self.data_dir).files("enriched")
+                     if entry.rows and entry.max_ms is not None]
+            newest = max((entry.max_ms for entry in files), default=None)
+            self.files_read = 0
+            if newest is not None:
+                if self._through_ms is None:
+                    self._through_ms = newest - self.window_ms
+                if newest > self._through_ms:
+                    fresh = [entry for entry in files if entry.max_ms > self._through_ms]
+                    under, seconds, count = self._read(connection, fresh, self._through_ms, newest)
+                    self._under = [a + b for a, b in zip(self._under, under)]
+                    self._sum += seconds
+                    self._count += count
+                    self._through_ms, self.files_read = newest, len(fresh)
+            buckets = [(str(bound), float(n)) for bound, n in zip(LATENCY_BUCKETS_S, self._under)]
+            return buckets + [("+Inf", float(self._count))], self._sum
 
     @staticmethod
-    def _read(connection, files: list[SinkFile]) -> dict[SinkFile, tuple[list[int], float, int]]:
-        """Per file: rows at or under each bound, the latencies' sum and the rows, in one DuckDB pass."""
+    def _read(connection, files: list[SinkFile], after_ms: int, through_ms: int) -> tuple[list[int], float, int]:
+        """Rows committed in ``(after_ms, through_ms]``: at or under each bound, the latencies' sum, and the rows."""
         under = ", ".join(f"count(*) FILTER (WHERE latency_s <= {bound})" for bound in LATENCY_BUCKETS_S)
-        # one row per file: filename | under each bound … | sum | count
-        rows = connection.execute(f"""
-            SELECT filename, {under}, coalesce(sum(latency_s), 0), count(*)
-            FROM (SELECT filename, {queries.LATENCY_MS} / 1000.0 AS latency_s
-                  FROM read_parquet($files, filename = true, hive_partitioning = false)
-                  WHERE published_at IS NOT NULL AND enriched_at IS NOT NULL)
-            GROUP BY filename""", {"files": [entry.path for entry in files]}).fetchall()
-        by_path = {row[0]: row for row in rows}
-        result = {}
-        for entry in files:
-            row = by_path.get(entry.path)
-            result[entry] = ([0] * len(LATENCY_BUCKETS_S), 0.0, 0) if row is None else (
-                [int(n) for n in row[1:-2]], float(row[-2]), int(row[-1]))
-        return result
+        # one row: under each bound … | sum | count
+        row = connection.execute(f"""
+            SELECT {under}, coalesce(sum(latency_s), 0), count(*)
+            FROM (SELECT {queries.LATENCY_MS} / 1000.0 AS latency_s
+                  FROM read_parquet($files, hive_partitioning = false)
+                  WHERE published_at IS NOT NULL AND enriched_at IS NOT NULL
+                    AND epoch_ms(enriched_at) > $after AND epoch_ms(enriched_at) <= $through)""",
+                                 {"files": [entry.path for entry in files], "after": after_ms,
+                                  "through": through_ms}).fetchone()
+        return [int(n) for n in row[:-2]], float(row[-2]), int(row[-1])
 
 
 class StoreCollector(Collector):
@@ -229,7 +237,8 @@ class StoreCollector(Collector):
         yield _counter("dead_letters_total", "Committed rows in the dead_letter sink.", [({}, sink_rows.get("dead_letter", 0))])
         buckets, seconds = self.latency.totals(cursor)
         latency = HistogramMetricFamily(PREFIX + "end_to_end_latency_seconds",
-                                        "Publish-to-enriched latency of every committed enriched order.")
+                                        "Publish-to-enriched latency of committed enriched orders: those committed "
+                                        "since 5 minutes before the newest at the exporter's first scrape.")
         latency.add_metric([], buckets, seconds)
         yield latency
         yield _gauge("admitted_messages", "Messages the planner admitted from each topic into the newest batch "
