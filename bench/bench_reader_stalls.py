@@ -42,7 +42,7 @@ from bench.common import bench_topics, machine, now_utc, table_records, write_re
 from pipeline.feed.broker import EmbeddedBroker  # noqa: E402
 from pipeline.feed.datagen import generate  # noqa: E402
 from pipeline.feed.producers import publish_records  # noqa: E402
-from pipeline.source import reader as rd  # noqa: E402
+from pipeline.source import connection, reader as rd  # noqa: E402
 from pipeline.source.offsets import EARLIEST, Range  # noqa: E402
 from pipeline.feed.topics import make_client  # noqa: E402
 
@@ -54,14 +54,14 @@ def message_ids(url: str, topic: str, count: int) -> list[str]:
     """Every message id of the topic in order (one pass with a plain reader)."""
     import pulsar
 
-    client = rd.new_client(url)
+    client = connection.new_client(url)
     reader = client.create_reader(topic, pulsar.MessageId.earliest, receiver_queue_size=5000)
     ids: list[str] = []
     try:
         while len(ids) < count:
             found = reader.read_next(10_000).message_id()
-            if not ids or rd.client_message_id(ids[-1]) < found:  # skip entries sent again
-                ids.append(rd.id_text(found))
+            if not ids or connection.client_message_id(ids[-1]) < found:  # skip entries sent again
+                ids.append(connection.id_text(found))
     finally:
         client.close()
     return ids

@@ -21,7 +21,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from pipeline.feed.apache_broker import ApacheBroker
 from pipeline.metrics import read_rows
 from pipeline.source import probes
-from pipeline.source.reader import POSITION_SHIFT
+from pipeline.source.rows import POSITION_SHIFT
 from pipeline.feed.topics import ensure_topics
 from factories import item, keyed, order, publish, user
 from jobproc import JobThread

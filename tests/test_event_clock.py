@@ -165,16 +165,16 @@ def test_a_partition_with_unread_messages_never_goes_idle(tmp_path):
 
 
 def test_the_changelog_partitions_are_asked_with_the_token(monkeypatch):
-    from pipeline.source import reader
+    from pipeline.source import connection
 
     asked = []
 
     def list_partitions(url, topic):
-        asked.append((url, topic, reader._tokens.get(url)))
+        asked.append((url, topic, connection._tokens.get(url)))
         return ["0", "1"] if topic == "u" else ["-1"]
 
-    monkeypatch.setattr(reader, "_tokens", {})
-    monkeypatch.setattr(reader, "list_partitions", list_partitions)
+    monkeypatch.setattr(connection, "_tokens", {})
+    monkeypatch.setattr(connection, "list_partitions", list_partitions)
     got = event_clock.changelog_partitions("pulsar://x:1", {"users": "u", "items": "i", "orders": "o"}, token="t")
     assert got == {"users": [0, 1], "items": [-1]}
     assert asked == [("pulsar://x:1", "u", "t"), ("pulsar://x:1", "i", "t")]  # orders hold no watermark

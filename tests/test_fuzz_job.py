@@ -26,7 +26,8 @@ from pipeline import wire
 from pipeline.config import load_settings
 from pipeline.enrich import rules
 from pipeline.metrics import read_events, read_rows
-from pipeline.source.reader import id_text, read_key_and_properties
+from pipeline.source.connection import id_text
+from pipeline.source.reader import read_key_and_properties
 from factories import item, order, publish, user
 from jobproc import JobThread
 from sinkread import rows

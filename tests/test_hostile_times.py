@@ -26,7 +26,7 @@ from pipeline.enrich import event_rules, parse, rules
 from pipeline.enrich.lookups import LOOKUPS, USERS
 from pipeline.errors import ConfigError
 from pipeline.metrics import read_events, read_rows
-from pipeline.source import reader
+from pipeline.source import rows as source_rows
 from factories import item, order, publish_timed, user
 from jobproc import JobThread
 from sinkread import count, rows
@@ -48,7 +48,7 @@ def outside(name: str, value: int) -> str:
 
 def source_block(times: list[tuple[int, int]]) -> pa.RecordBatch:
     """A read task's Arrow batch of users messages with these (publish time, event time) pairs."""
-    block = reader._Block()
+    block = source_rows.MessageColumns()
     for n, (published, event_time) in enumerate(times):
         block.ledgers.append(1), block.entries.append(n), block.batches.append(-1), block.entry_ns.append(n)
         block.keys.append(str(n)), block.values.append(wire.encode(user(n))), block.properties.append(None)
@@ -59,8 +59,8 @@ def source_block(times: list[tuple[int, int]]) -> pa.RecordBatch:
 def test_the_source_holds_every_time_or_says_why_not():
     batch = source_block([(T0, 0), (T0, T0 + 1), (T0, wire.MAX_TIME_MS), (T0, wire.MAX_TIME_MS + 1),
                           (T0, HOSTILE[0]), (HOSTILE[1], HOSTILE[1]), (HOSTILE[0], T0)])
-    assert batch.schema == reader.arrow_schema()
-    assert reader.SPARK_SCHEMA_NAMES == batch.schema.names
+    assert batch.schema == source_rows.arrow_schema()
+    assert source_rows.SPARK_SCHEMA_NAMES == batch.schema.names
     assert batch.column("event_time").to_pylist() == [None, T0 + 1, wire.MAX_TIME_MS, None, None, None, T0]
     assert [None if t is None else int(t.timestamp() * 1000) for t in batch.column("publish_time").to_pylist()] == \
         [T0] * 5 + [None, None]

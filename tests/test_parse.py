@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from pipeline import wire
 from pipeline.enrich import parse, rules
-from pipeline.source.reader import arrow_schema
+from pipeline.source.rows import arrow_schema
 from factories import item, order, user
 from test_fuzz_wire import clean_text, dumps, keys, payloads, to_bytes, typed_records
 

@@ -222,7 +222,7 @@ def test_the_token_reaches_every_reader_and_stays_out_of_plans(spark, broker, un
     query reads as it would from an authenticated Pulsar."""
     import pickle
 
-    from pipeline.source import reader as rd
+    from pipeline.source import connection
     from pipeline.source.datasource import PulsarStreamReader
 
     token = "tok-" + "s3cr3t" * 4
@@ -244,12 +244,12 @@ def test_the_token_reaches_every_reader_and_stays_out_of_plans(spark, broker, un
     monkeypatch.setattr(pulsar, "Client", lambda url, **kw: seen.append(kw.get("authentication")))
     driver_side = PulsarStreamReader({"service_url": "pulsar://127.0.0.1:1", "topics": "orders=persistent://public/default/o",
                                       "authToken": token})
-    rd._tokens.clear()
+    connection._tokens.clear()
     pickle.loads(pickle.dumps(driver_side))
-    rd.new_client("pulsar://127.0.0.1:1")
+    connection.new_client("pulsar://127.0.0.1:1")
     assert isinstance(seen[-1], pulsar.AuthenticationToken)
-    rd.use_token("pulsar://127.0.0.1:1", None)
-    rd.new_client("pulsar://127.0.0.1:1")
+    connection.use_token("pulsar://127.0.0.1:1", None)
+    connection.new_client("pulsar://127.0.0.1:1")
     assert seen[-1] is None
 
 

@@ -18,7 +18,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from pipeline.source import offsets as off
 from pipeline.source.datasource import PulsarPartition, PulsarStreamReader
 from pipeline.source.probes import last_entry_id
-from pipeline.source.reader import POSITION_SHIFT, arrow_schema
+from pipeline.source.rows import POSITION_SHIFT, arrow_schema
 from factories import keyed, order, publish
 
 

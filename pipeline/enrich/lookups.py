@@ -201,7 +201,7 @@ def with_event_watermarks(frame, order_time: str, out_of_orderness_ms: int,
     """
     from pyspark.sql import functions as F
 
-    from pipeline.source.reader import CLOCK_KIND
+    from pipeline.source.rows import CLOCK_KIND
     from pipeline.wire import MAX_TIME_MS, MIN_TIME_MS
 
     message_time = F.coalesce(F.col("event_time"), F.col("published_at"))

@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from pipeline import wire
-from pipeline.source.reader import CLOCK_KIND
+from pipeline.source.rows import CLOCK_KIND
 from pipeline.enrich import rules
 
 ENVELOPE_ARROW_SCHEMA = rules.ENVELOPE_ARROW_SCHEMA

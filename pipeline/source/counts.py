@@ -50,7 +50,7 @@ def rows_from_progress(progress: dict) -> dict[str, dict[str, int]] | None:
 
 def list_topic_partitions(service_url: str, topics: dict[str, str], auth_token: str | None = None) -> dict[str, list[str]]:
     """Every topic's partitions, asked of the broker on the driver while the query is built."""
-    from pipeline.source.reader import list_partitions, use_token
+    from pipeline.source.connection import list_partitions, use_token
 
     use_token(service_url, auth_token)
     return {kind: list_partitions(service_url, topic) for kind, topic in topics.items()}

@@ -88,7 +88,7 @@ from pipeline.errors import SourceError
 from pipeline.runtime.freed_memory import give_back_freed_memory
 from pipeline.source import clock as clk
 from pipeline.source import offsets as off
-from pipeline.source import planning, probes
+from pipeline.source import connection, planning, probes, rows
 from pipeline.source import reader as rd
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ SPLIT_ROWS = 10_000  # a partition's messages in one batch are read (and parsed)
 MAX_PROBES = 3  # probes for a partition's first ledger before it is read without knowing it
 SHARE_AFTER = 10  # batches the changelogs may fill in a row before the other kinds get a share
 CLOCK_WAIT_S = 1.0  # how long planning waits for the driver's clock to take in the batch before
-BOUND_INDEX = rd.SPARK_SCHEMA_NAMES.index("watermark_bound")
+BOUND_INDEX = rows.SPARK_SCHEMA_NAMES.index("watermark_bound")
 BOUND_FIELD = "watermark_bound"
 
 
@@ -175,7 +175,7 @@ class ClockPartition(InputPartition):
     """The clock row of a batch that reads no message (option ``clockFile``)."""
 
     def __init__(self, clock_ms: int):
-        super().__init__((rd.CLOCK_KIND, clock_ms))
+        super().__init__((rows.CLOCK_KIND, clock_ms))
         self.clock_ms = int(clock_ms)
 
 
@@ -210,11 +210,11 @@ class PulsarStreamReader(DataSourceStreamReader):
         self.starting = parse_starting_offsets(options.get("startingOffsets"), list(self.topics))
         self.control_dir = Path(options["controlDir"]) if options.get("controlDir") else None
         self.auth_token = options.get("authToken") or None
-        rd.use_token(self.service_url, self.auth_token)
+        connection.use_token(self.service_url, self.auth_token)
         self.transform = options.get("transform") or None
         self.transform_args = options.get("transformArgs") or None
         load_transform(self.transform, self.transform_args)  # a bad one fails here, in one line
-        if not self.transform and schema is not None and schema.fieldNames() != rd.SPARK_SCHEMA_NAMES:
+        if not self.transform and schema is not None and schema.fieldNames() != rows.SPARK_SCHEMA_NAMES:
             raise SourceError(f"a schema was given ({schema.simpleString()}) but no 'transform' option; "
                               "the source's own rows have the schema in pipeline/source/datasource.py")
         # (kind, partition) -> (generation, entry position, id) of the newest entry seen when planning
@@ -226,12 +226,12 @@ class PulsarStreamReader(DataSourceStreamReader):
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        rd.use_token(self.service_url, self.auth_token)  # a read task's own clients need it too
+        connection.use_token(self.service_url, self.auth_token)  # a read task's own clients need it too
 
     # ------------------------------------------------------------------ driver side
     def _topic_partitions(self) -> dict[str, list[str]]:
         if not self._partitions or time.monotonic() - self._partitions_at > PARTITION_REFRESH_S:
-            self._partitions = {kind: rd.list_partitions(self.service_url, topic) for kind, topic in self.topics.items()}
+            self._partitions = {kind: connection.list_partitions(self.service_url, topic) for kind, topic in self.topics.items()}
             self._partitions_at = time.monotonic()
         return self._partitions
 
@@ -426,7 +426,7 @@ class PulsarStreamReader(DataSourceStreamReader):
             return
         transform = load_transform(self.transform, self.transform_args)
         if isinstance(partition, ClockPartition):
-            clock = rd.clock_row(partition.clock_ms)
+            clock = rows.clock_row(partition.clock_ms)
             yield from transform(iter([clock])) if transform else [clock]
             return
         import pyarrow as pa
@@ -442,7 +442,7 @@ class PulsarStreamReader(DataSourceStreamReader):
                     batch = batch.set_column(BOUND_INDEX, BOUND_FIELD, bound)
                 yield batch
             if partition.clock_ms is not None:
-                yield rd.clock_row(partition.clock_ms)
+                yield rows.clock_row(partition.clock_ms)
         rng = partition.rng
         found = rd.LedgerFacts()  # where ledgers end, as this read meets them
         batches = counted(rd.read_range(self.service_url, partition.topic, partition.kind, rng, ledgers=found))
@@ -461,7 +461,7 @@ class PulsarDataSource(DataSource):
         return "pulsar"
 
     def schema(self) -> str:
-        return rd.SPARK_SCHEMA
+        return rows.SPARK_SCHEMA
 
     def streamReader(self, schema) -> PulsarStreamReader:
         return PulsarStreamReader(self.options, schema)

@@ -15,7 +15,7 @@ import time
 
 from pipeline.errors import SourceError
 from pipeline.source.offsets import EARLIEST
-from pipeline.source.reader import id_text, open_reader, partition_topic, pulsar_client
+from pipeline.source.connection import id_text, open_reader, partition_topic, pulsar_client
 
 
 def find_position_before(service_url: str, topic: str, partition: str, time_ms: int, timeout_s: float = 120.0) -> str:
