@@ -11,7 +11,8 @@ import pytest
 from pulsar.schema import Float, Integer, JsonSchema, Long, Record, String
 
 from pipeline import wire
-from pipeline.source.datasource import PulsarDataSource, PulsarStreamReader, load_transform, parse_topics_option
+from pipeline.source.datasource import PulsarDataSource, PulsarStreamReader
+from pipeline.source.options import load_transform, parse_topics_option
 from pipeline.errors import SourceError
 from factories import keyed, order, publish, publish_timed, user
 from waiting import wait_for

@@ -2,24 +2,7 @@
 
 Name: ``pulsar`` (register with ``spark.dataSource.register(PulsarDataSource)``).
 
-Schema (one row per message)::
-
-    kind string          logical topic name given in the ``topics`` option (users, items, orders)
-    topic string         full Pulsar topic name
-    partition int        partition index, -1 for a non-partitioned topic
-    message_id string    ledger:entry:partition:batch
-    position long        grows in read order within a partition and generation: the entry's
-                         position << 20 | (batch index + 1)
-    generation long      replay generation of its topic (0 until the first replay)
-    key string           message key (None if the producer gave none)
-    value binary         raw payload
-    publish_time timestamp
-    properties string    message properties as a JSON object, or None
-    event_time long      event time the producer set (epoch ms), or None
-    time_error string    why a time the message carried is None above (past the year 9999: an
-                         event time of 2**64-1, say), naming it and its value; else None
-    watermark_bound long the most this row's time may count for an event-time watermark, or
-                         None: it counts for none (option ``clockFile``)
+Schema: one row per message, as pipeline/source/rows.py describes it.
 
 Options:
 
@@ -75,7 +58,6 @@ Example::
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import time
@@ -90,6 +72,7 @@ from pipeline.source import clock as clk
 from pipeline.source import offsets as off
 from pipeline.source import connection, planning, probes, rows
 from pipeline.source import reader as rd
+from pipeline.source.options import load_transform, parse_starting_offsets, parse_topics_option, whole_number
 
 log = logging.getLogger(__name__)
 PARTITION_REFRESH_S = 10.0
@@ -99,67 +82,6 @@ SHARE_AFTER = 10  # batches the changelogs may fill in a row before the other ki
 CLOCK_WAIT_S = 1.0  # how long planning waits for the driver's clock to take in the batch before
 BOUND_INDEX = rows.SPARK_SCHEMA_NAMES.index("watermark_bound")
 BOUND_FIELD = "watermark_bound"
-
-
-def parse_topics_option(text: str | None) -> dict[str, str]:
-    """``kind=topic,…`` -> {kind: topic}; checked on the driver."""
-    if not text:
-        raise SourceError("option 'topics' is required, e.g. 'orders=persistent://public/default/orders'")
-    topics = {}
-    for pair in text.split(","):
-        kind, sep, topic = pair.strip().partition("=")
-        if not sep or not kind or "://" not in topic:
-            raise SourceError(f"option 'topics' entry {pair!r} is not of the form kind=persistent://tenant/ns/topic")
-        topics[kind.strip()] = topic.strip()
-    return topics
-
-
-def parse_starting_offsets(text: str | None, kinds: list[str]) -> dict[str, str]:
-    if not text or text == off.EARLIEST:
-        return {kind: off.EARLIEST for kind in kinds}
-    if text == "latest":
-        return {kind: "latest" for kind in kinds}
-    try:
-        given = json.loads(text)
-    except ValueError:
-        raise SourceError(f"option 'startingOffsets' = {text!r} is not 'earliest', 'latest' or a JSON object") from None
-    bad = {k: v for k, v in given.items() if k not in kinds or v not in (off.EARLIEST, "latest")}
-    if bad:
-        raise SourceError(f"option 'startingOffsets' has bad entries {bad!r}; keys are {kinds}, values earliest|latest")
-    return {kind: given.get(kind, off.EARLIEST) for kind in kinds}
-
-
-def load_transform(spec: str | None, args_json: str | None = None):
-    """The ``transform`` option (``module:function``, arguments as JSON) as a function of Arrow
-    batches, or None without one; checked on the driver, loaded again in each read task."""
-    if not spec:
-        return None
-    module_name, sep, function_name = spec.partition(":")
-    try:
-        args = json.loads(args_json) if args_json else {}
-    except ValueError:
-        raise SourceError(f"option 'transformArgs' = {args_json!r} is not a JSON object") from None
-    if not sep or not isinstance(args, dict):
-        raise SourceError(f"option 'transform' = {spec!r} must be module:function, with 'transformArgs' a JSON object")
-    try:
-        function = getattr(importlib.import_module(module_name), function_name)
-    except (ImportError, AttributeError) as exc:
-        raise SourceError(f"option 'transform' = {spec!r} cannot be loaded: {exc}") from None
-    return (lambda batches: function(batches, **args)) if args else function
-
-
-def _whole_number(options: dict, name: str, minimum: int = 1) -> int | None:
-    """A whole-number option (None when absent, empty or 0 for the caps), checked in one line."""
-    raw = options.get(name)
-    if raw in (None, "") or (raw in ("0", 0) and minimum > 0):
-        return None
-    try:
-        value = int(raw)
-    except (TypeError, ValueError):
-        raise SourceError(f"option {name!r} = {raw!r} is not a whole number") from None
-    if value < minimum:
-        raise SourceError(f"option {name!r} = {raw!r} must be >= {minimum}")
-    return value
 
 
 class PulsarPartition(InputPartition):
@@ -195,10 +117,10 @@ class PulsarStreamReader(DataSourceStreamReader):
         if not self.service_url.startswith(("pulsar://", "pulsar+ssl://")):
             raise SourceError(f"option 'service_url' = {self.service_url!r} must be a pulsar:// URL")
         self.topics = parse_topics_option(options.get("topics"))
-        self.max_rows = _whole_number(options, "maxRowsPerBatch")
-        self.max_bytes = _whole_number(options, "maxBytesPerBatch")
-        self.split_rows = _whole_number(options, "splitRows") or SPLIT_ROWS
-        share_after = _whole_number(options, "shareAfter", minimum=0)
+        self.max_rows = whole_number(options, "maxRowsPerBatch")
+        self.max_bytes = whole_number(options, "maxBytesPerBatch")
+        self.split_rows = whole_number(options, "splitRows") or SPLIT_ROWS
+        share_after = whole_number(options, "shareAfter", minimum=0)
         self.share_after = SHARE_AFTER if share_after is None else share_after
         self.changelogs = {kind.strip() for kind in (options.get("changelogs") or "").split(",") if kind.strip()}
         if self.changelogs - set(self.topics):
@@ -216,7 +138,7 @@ class PulsarStreamReader(DataSourceStreamReader):
         load_transform(self.transform, self.transform_args)  # a bad one fails here, in one line
         if not self.transform and schema is not None and schema.fieldNames() != rows.SPARK_SCHEMA_NAMES:
             raise SourceError(f"a schema was given ({schema.simpleString()}) but no 'transform' option; "
-                              "the source's own rows have the schema in pipeline/source/datasource.py")
+                              "the source's own rows have the schema in pipeline/source/rows.py")
         # (kind, partition) -> (generation, entry position, id) of the newest entry seen when planning
         self._latest: dict[tuple[str, str], tuple[int, int, str]] = {}
         self._partitions: dict[str, list[str]] = {}

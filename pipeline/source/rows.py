@@ -3,6 +3,25 @@
 One row per message (``kind`` names its topic's role), and in event time, when the clock moved,
 one clock row (:func:`clock_row`). :class:`MessageColumns` turns the messages a read took into
 one Arrow record batch, column-wise.
+
+The columns::
+
+    kind string          logical topic name given in the ``topics`` option (users, items, orders)
+    topic string         full Pulsar topic name
+    partition int        partition index, -1 for a non-partitioned topic
+    message_id string    ledger:entry:partition:batch
+    position long        grows in read order within a partition and generation: the entry's
+                         position << 20 | (batch index + 1)
+    generation long      replay generation of its topic (0 until the first replay)
+    key string           message key (None if the producer gave none)
+    value binary         raw payload
+    publish_time timestamp
+    properties string    message properties as a JSON object, or None
+    event_time long      event time the producer set (epoch ms), or None
+    time_error string    why a time the message carried is None above (past the year 9999: an
+                         event time of 2**64-1, say), naming it and its value; else None
+    watermark_bound long the most this row's time may count for an event-time watermark, or
+                         None: it counts for none (option ``clockFile``)
 """
 
 from __future__ import annotations
@@ -94,13 +113,7 @@ def arrow_schema():
         ("kind", pa.string()), ("topic", pa.string()), ("partition", pa.int32()), ("message_id", pa.string()),
         ("position", pa.int64()), ("generation", pa.int64()), ("key", pa.string()), ("value", pa.binary()),
         ("publish_time", pa.timestamp("us", tz="UTC")), ("properties", pa.string()),
-        ("event_time", pa.int64()),  # epoch ms the producer set, or None
-        # a time the message carried that the row cannot hold (its column is None then), named
-        # with its value: "message event_time 18446744073709551615 is outside …"; else None
-        ("time_error", pa.string()),
-        # the most this row's time may count for the event-time watermark, or None: it counts
-        # for none (option clockFile, pipeline/source/clock.py)
-        ("watermark_bound", pa.int64()),
+        ("event_time", pa.int64()), ("time_error", pa.string()), ("watermark_bound", pa.int64()),
     ])
 
 
