@@ -31,9 +31,9 @@ class PipelineProcess:
                                      stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL, env=env,
                                      start_new_session=True, preexec_fn=die_with_parent)
 
-    def result(self, settings, name: str) -> list[dict]:
+    def result(self, settings, name: str, sink: str = "result") -> list[dict]:
         assert self.proc.poll() is None, f"the SQL pipeline exited with code {self.proc.returncode}"
-        return result(settings, name)
+        return result(settings, name, sink)
 
     def kill9(self) -> None:
         os.killpg(self.proc.pid, signal.SIGKILL)
