@@ -5,7 +5,11 @@ One run, one embedded broker, one SparkSession (``local[2]``):
 1. ``user_count_by_account``: ``--keys`` users (10 per account) through GROUP BY COUNT;
 2. ``user_favorite_color_and_cheese``: ``--keys`` users, colours and cheeses (3 × keys messages)
    through the three-way LEFT JOIN;
-3. the enrichment job on ``--orders`` orders (bench_throughput's workload), as the baseline.
+3. ``named_users``: the ``--keys`` users through WHERE and a projection (filter and project), the
+   nine in ten the WHERE lets through;
+4. the enrichment job on ``--orders`` orders (bench_throughput's workload), as the baseline, and
+   the job's source and parse step alone on them (bench_throughput's stateless ceiling), which
+   the filter and project is set beside.
 
 A figure is source rows over the summed durations of the batches that carried them, the first
 (warm-up) batch excluded, as bench_throughput measures the job. Each pipeline must end with the
@@ -115,7 +119,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--orders", type=int, default=200_000, help="orders for the job's baseline (0 = skip it)")
     parser.add_argument("--max-rows", type=int, default=200_000, help="job.max_rows_per_batch")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per measurement")
-    parser.add_argument("--skip", action="append", choices=["count", "join"], default=[],
+    parser.add_argument("--skip", action="append", choices=["count", "join", "filter", "stateless"], default=[],
                         help="leave a pipeline out (repeatable)")
     args = parser.parse_args(argv)
     from pipeline.feed.broker import EmbeddedBroker
@@ -128,7 +132,7 @@ def main(argv=None) -> dict:
         url = broker.service_url
         topics = {t: f"persistent://public/default/bench-sql-{t}" for t in (
             "users", "user_favorite_color", "user_favorite_cheese", "user_count_by_account",
-            "user_favorite_color_and_cheese")}
+            "user_favorite_color_and_cheese", "named_users")}
         print(f"publishing {args.keys:,} users, colours and cheeses…", flush=True)
         started = time.perf_counter()
         sent = publish_all(url, topics["users"], users(args.keys))
@@ -148,6 +152,11 @@ def main(argv=None) -> dict:
             figures["join"] = run_pipeline(spark, settings, SQL / "user_favorite_color_and_cheese.sql", "join",
                                            topics, 3 * args.keys, args.keys, args.timeout)
             print(f"  {figures['join']['rows_per_s']:,.0f} rows/s", flush=True)
+        if "filter" not in args.skip:
+            print("filter and project…", flush=True)
+            figures["filter"] = run_pipeline(spark, settings, SQL / "named_users.sql", "filter", topics, args.keys,
+                                             args.keys - (args.keys + 9) // 10, args.timeout)  # id 0 filtered out
+            print(f"  {figures['filter']['rows_per_s']:,.0f} rows/s", flush=True)
         if args.orders:
             from bench.bench_throughput import generate, job_run, load_topics
 
@@ -160,16 +169,29 @@ def main(argv=None) -> dict:
                 **{f"topics.{k}": v for k, v in job_topics.items()}})
             figures["job"] = job_run(job_settings, args.orders, timeout_s=args.timeout)
             print(f"  {figures['job']['orders_per_s']:,.0f} orders/s", flush=True)
+            if "stateless" not in args.skip:
+                from bench.bench_throughput import stateless_baseline
+
+                print("the job's source and parse step alone (stateless ceiling)…", flush=True)
+                stateless = stateless_baseline(spark, url, job_topics, work, args.orders, args.max_rows,
+                                               timeout_s=args.timeout)
+                figures["stateless"] = {key: stateless[key] for key in ("orders_per_s", "batches", "mean_batch_rows")
+                                        if key in stateless} | {"load_average": os.getloadavg()}
+                print(f"  {figures['stateless']['orders_per_s']:,.0f} rows/s", flush=True)
         spark.stop()
-    pipelines = [name for name in ("count", "join") if name in figures]
+    pipelines = [name for name in ("count", "join", "filter") if name in figures]
     for name in pipelines:
         if "job" in figures:
             figures[f"{name}_vs_job"] = figures[name]["rows_per_s"] / figures["job"]["orders_per_s"]
+    if "filter" in figures and "stateless" in figures:
+        figures["filter_vs_stateless"] = figures["filter"]["rows_per_s"] / figures["stateless"]["orders_per_s"]
     print("\n| pipeline | rows | rows/s |\n| --- | --- | --- |")
     for name in pipelines:
         print(f"| {name} | {figures[name]['rows']:,} | {figures[name]['rows_per_s']:,.0f} |")
     if "job" in figures:
         print(f"| enrichment job (baseline) | {args.orders:,} orders | {figures['job']['orders_per_s']:,.0f} |")
+    if "stateless" in figures:
+        print(f"| job's source and parse alone | {args.orders:,} orders | {figures['stateless']['orders_per_s']:,.0f} |")
     path = write_result("sql", figures)
     print(f"wrote {path}")
     return json.loads(path.read_text())

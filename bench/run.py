@@ -180,11 +180,17 @@ def figure_rows(results: dict) -> list[tuple[str, str, str, str]]:
                          + ("" if slowest <= console["limit_s"] else f" (over {console['limit_s']} s)"),
                          f"DuckDB count over the sink {base:.2f} s", _f(timing["warm_s"] / base if base else None)))
     sql = results.get("sql", {})
-    for name, label in (("count", "SQL count by account"), ("join", "SQL three-way LEFT JOIN")):
+    for name, label in (("count", "SQL count by account"), ("join", "SQL three-way LEFT JOIN"),
+                        ("filter", "SQL filter and project")):
         if isinstance(sql.get(name), dict):
             job = sql.get("job", {}).get("orders_per_s")
             rows.append((f"{label}, {sql['keys']:,} keys (rows/s)", _f(sql[name]["rows_per_s"], ",.0f") + _load(sql[name]),
                          f"enrichment job {_f(job, ',.0f')} orders/s", _f(sql.get(f"{name}_vs_job"))))
+    if isinstance(sql.get("filter"), dict) and isinstance(sql.get("stateless"), dict):
+        rows.append(("SQL filter and project beside the stateless ceiling (rows/s)",
+                     _f(sql["filter"]["rows_per_s"], ",.0f") + _load(sql["filter"]),
+                     f"job's source and parse alone {_f(sql['stateless']['orders_per_s'], ',.0f')}"
+                     + _load(sql["stateless"]), _f(sql.get("filter_vs_stateless"))))
     for name, (module, _) in BENCHES.items():  # benchmarks that build their own rows (bench_flink, bench_event_time)
         if hasattr(module, "table_rows") and isinstance(results.get(name), dict) and "error" not in results[name]:
             rows += module.table_rows(results[name])
