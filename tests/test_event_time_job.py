@@ -261,7 +261,8 @@ def test_a_stream_that_stops_still_decides_what_is_due(broker, tmp_path):
 def test_a_hot_key_keeps_only_what_the_watermark_still_needs(broker, tmp_path, spark):
     """A user updated 60 times, then never again, while the other changelog moves on: its older
     versions are pruned by the operator's timer (watermark - allowed lateness - max wait), without
-    the key being touched again; the current version stays."""
+    the key being touched again; the current version stays. An order older than the versions
+    the key's head holds (KeyHistory.RECENT) finds its version in the key's list."""
     from pipeline.control.state import inspect_key
 
     topics = {k: f"persistent://public/default/{k}-hot-{tmp_path.name}" for k in ("users", "items", "orders")}
@@ -270,18 +271,21 @@ def test_a_hot_key_keeps_only_what_the_watermark_still_needs(broker, tmp_path, s
     url = broker.service_url
     publish_timed(url, topics["users"], [("7", wire.encode(user(7, firstName=f"V{n}")), T0 + n * 100) for n in range(60)])
     publish_timed(url, topics["items"], [("1", wire.encode(item(1)), T0 + n * 1_000) for n in range(30)])
-    publish_timed(url, topics["orders"], [("o1", wire.encode(order(1, 7, 1, createdAt=T0 + 5_950)), T0 + 5_950)])
+    publish_timed(url, topics["orders"], [(f"o{n}", wire.encode(order(n, 7, 1, createdAt=at)), at)
+                                          for n, at in ((1, T0 + 5_950), (2, T0 + 5_550))])
     job = JobThread(settings)
     try:
         # the users go idle; the items' newest (T0+29 s) then carries the watermark to T0+27 s
-        wait_for(lambda: orders_done(settings.data_dir) >= 1 or job.error, timeout=240, what="the order decided")
+        wait_for(lambda: orders_done(settings.data_dir) >= 2 or job.error, timeout=240, what="the orders decided")
         # a batch run with the watermark past the hot key's pruning timer has committed its state
         wait_for(lambda: ((read_rows(settings.data_dir, "watermarks") or [{}])[-1].get("watermark_ms") or 0) >= T0 + 20_000
                  or job.error, timeout=120, what="the watermark past every version")
     finally:
         job.close()
-    (decided,) = rows(settings.data_dir, "enriched")
-    assert decided["user_first_name"] == "V59"  # the version as of T0+5.95 s, read before any pruning
+    decided = {row["invoice_id"]: row["user_first_name"] for row in rows(settings.data_dir, "enriched")}
+    # the versions as of T0+5.95 s (in the head) and T0+5.55 s (4 versions older: in the list),
+    # read before any pruning
+    assert decided == {1: "V59", 2: "V55"}
     held = inspect_key(spark, store.checkpoint_dir(settings.data_dir), USERS, 7)
     assert [v["version_ms"] for v in held.versions] == [T0 + 5_900]
 

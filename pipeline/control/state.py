@@ -100,14 +100,14 @@ def inspect_key(spark, checkpoint: Path, lookup: Lookup, key: int) -> KeyState:
         return found
     partition = _partition_of(spark, key, _partitions(spark, checkpoint))
     if is_event_time(checkpoint):
-        # Versions per key (VersionedLookup): the older ones in its list, the newest in its head;
-        # the newest is what a new order would see.
+        # Versions per key (VersionedLookup): the older ones in its list, the newest few in its
+        # head; the newest is what a new order would see.
         rows = (_reader(spark, checkpoint, lookup, "versions", batch_id).option("partitionId", partition)
                 .option("flattenCollectionTypes", "true").load().filter(f"key.value = {int(key)}")
                 .select("list_element.*").collect())
-        head = (_reader(spark, checkpoint, lookup, "head", batch_id).option("partitionId", partition).load()
-                .filter(f"key.value = {int(key)}").select("value.*").collect())
-        rows += [row for row in head if row["version_ms"] is not None]
+        rows += (_reader(spark, checkpoint, lookup, "head", batch_id).option("partitionId", partition).load()
+                 .filter(f"key.value = {int(key)}").selectExpr("explode(value.recent) AS version")
+                 .select("version.*").collect())
         state_columns = list(lookup.state_columns)
         found.versions = sorted(({"version_ms": row["version_ms"], "tombstone": row["tombstone"],
                                   **{name: row[name] for name in state_columns}} for row in rows),
@@ -172,7 +172,7 @@ def count_heads(spark, checkpoint: Path, lookup: Lookup, batch_id: int) -> tuple
     orders) of ``lookup`` after ``batch_id``, from the ``head`` variable only (one row per key;
     neither the versions lists nor the waiting orders are read)."""
     row = (_reader(spark, checkpoint, lookup, "head", batch_id).load()
-           .selectExpr("count_if(value.version_ms IS NOT NULL AND NOT value.tombstone) AS held",
+           .selectExpr("count_if(NOT try_element_at(value.recent, -1).tombstone) AS held",
                        "count_if(value.waiting > 0) AS keys", "coalesce(sum(value.waiting), 0) AS orders").first())
     return int(row["held"]), int(row["keys"]), int(row["orders"])
 

@@ -7,17 +7,17 @@ import java.util.List;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.catalyst.expressions.GenericRowWithSchema;
 import org.apache.spark.sql.types.DataTypes;
-import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 
 /**
  * The head of a key in {@link VersionedLookup}: one value per key (ValueState {@code head}) that
- * holds the key's newest version and what the operator must know to leave the rest unread:
+ * holds the key's newest versions and what the operator must know to leave the rest unread:
  * <ul>
- *   <li>the newest version (time, read order, tombstone, state columns; all null when none):
- *       an order at or after its time reads nothing else, and a strictly newer version moves it
- *       to the end of the {@code versions} list (an append, no read);</li>
- *   <li>{@code older}: how many versions the {@code versions} list holds (all before the newest);</li>
+ *   <li>{@code recent}: the newest versions, at most {@link KeyHistory#RECENT}, oldest first
+ *       (time, read order, tombstone, state columns): an order at or after the oldest of them
+ *       reads nothing else, and a strictly newer version joins them, the oldest moving to the
+ *       end of the {@code versions} list (an append, no read) when they are too many;</li>
+ *   <li>{@code older}: how many versions the {@code versions} list holds (all before {@code recent});</li>
  *   <li>{@code prune_at}: the least pruning horizon past which pruning would drop something (the
  *       second version's time, or the first's when it is a tombstone; null when nothing ever goes);</li>
  *   <li>{@code waiting}: how many orders wait in {@code waiting}, and {@code due_ms}: the least
@@ -30,28 +30,25 @@ import org.apache.spark.sql.types.StructType;
 final class VersionHead {
   /** The state schema of heads whose versions have {@code versionSchema}. */
   static StructType schema(StructType versionSchema) {
-    List<StructField> fields = new ArrayList<>();
-    for (StructField field : versionSchema.fields()) {
-      fields.add(DataTypes.createStructField(field.name(), field.dataType(), true));  // null: no version held
-    }
-    fields.add(DataTypes.createStructField("older", DataTypes.IntegerType, false));
-    fields.add(DataTypes.createStructField("prune_at", DataTypes.LongType, true));
-    fields.add(DataTypes.createStructField("waiting", DataTypes.IntegerType, false));
-    fields.add(DataTypes.createStructField("due_ms", DataTypes.LongType, true));
-    fields.add(DataTypes.createStructField("timer_ms", DataTypes.LongType, true));
-    return DataTypes.createStructType(fields);
+    return DataTypes.createStructType(List.of(
+        DataTypes.createStructField("recent", DataTypes.createArrayType(versionSchema, false), false),
+        DataTypes.createStructField("older", DataTypes.IntegerType, false),
+        DataTypes.createStructField("prune_at", DataTypes.LongType, true),
+        DataTypes.createStructField("waiting", DataTypes.IntegerType, false),
+        DataTypes.createStructField("due_ms", DataTypes.LongType, true),
+        DataTypes.createStructField("timer_ms", DataTypes.LongType, true)));
   }
 
   /** Where a head's parts sit in its row (found once, on the driver). */
   static final class Layout implements Serializable {
     private static final long serialVersionUID = 1L;
     final StructType schema, versionSchema;
-    final int versionWidth, older, pruneAt, waiting, dueMs, timerMs;
+    final int recent, older, pruneAt, waiting, dueMs, timerMs;
 
     Layout(StructType versionSchema) {
       this.versionSchema = versionSchema;
       this.schema = schema(versionSchema);
-      this.versionWidth = versionSchema.size();
+      this.recent = schema.fieldIndex("recent");
       this.older = schema.fieldIndex("older");
       this.pruneAt = schema.fieldIndex("prune_at");
       this.waiting = schema.fieldIndex("waiting");
@@ -60,7 +57,7 @@ final class VersionHead {
     }
   }
 
-  Row newest;  // a row of the version schema, or null
+  List<Row> recent = new ArrayList<>();  // rows of the version schema, oldest first
   int older;
   Long pruneAt;
   int waiting;
@@ -79,13 +76,7 @@ final class VersionHead {
     if (row == null) {
       return head;
     }
-    if (!row.isNullAt(0)) {  // version_ms, the first column of a version
-      Object[] values = new Object[layout.versionWidth];
-      for (int i = 0; i < values.length; i++) {
-        values[i] = row.get(i);
-      }
-      head.newest = new GenericRowWithSchema(values, layout.versionSchema);
-    }
+    head.recent.addAll(row.<Row>getList(layout.recent));
     head.older = row.getInt(layout.older);
     head.pruneAt = row.isNullAt(layout.pruneAt) ? null : row.getLong(layout.pruneAt);
     head.waiting = row.getInt(layout.waiting);
@@ -96,17 +87,13 @@ final class VersionHead {
 
   /** Whether the head holds nothing: no version, no waiting order, no timer. */
   boolean isEmpty() {
-    return newest == null && older == 0 && waiting == 0 && timerMs == null;
+    return recent.isEmpty() && older == 0 && waiting == 0 && timerMs == null;
   }
 
   /** The head as a state row. */
   Row toRow(Layout layout) {
     Object[] values = new Object[layout.schema.size()];
-    if (newest != null) {
-      for (int i = 0; i < layout.versionWidth; i++) {
-        values[i] = newest.get(i);
-      }
-    }
+    values[layout.recent] = recent.toArray(new Row[0]);
     values[layout.older] = older;
     values[layout.pruneAt] = pruneAt;
     values[layout.waiting] = waiting;

@@ -16,8 +16,6 @@ import org.apache.spark.sql.streaming.TTLConfig;
 import org.apache.spark.sql.streaming.TimeMode;
 import org.apache.spark.sql.streaming.TimerValues;
 import org.apache.spark.sql.streaming.ValueState;
-import org.apache.spark.sql.types.DataTypes;
-import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 
 import scala.jdk.javaapi.CollectionConverters;
@@ -36,16 +34,18 @@ import statefulstreams.Rows.Field;
  * time only when both changelogs have been read past it (minus their out-of-orderness).
  *
  * <p>State per key, in the RocksDB state store: {@code head} (ValueState, {@link VersionHead}: the
- * newest version, and the counts and times that let a call leave the rest unread),
- * {@code versions} (ListState: the older versions, oldest first: time, read order, tombstone flag
- * and the state columns) and {@code waiting} (ListState, whole order rows), plus one event-time
- * timer per key. What a call reads and writes (issue 31: the backlog read 0.61 x processing time
- * when every call loaded, sorted and rewrote the list):
+ * newest versions, up to {@link KeyHistory#RECENT}, and the counts and times that let a call leave
+ * the rest unread), {@code versions} (ListState: the older versions, oldest first: time, read
+ * order, tombstone flag and the state columns) and {@code waiting} (ListState, whole order rows),
+ * plus one event-time timer per key. What a call reads and writes ({@link KeyHistory}; issue 31:
+ * the backlog read 0.61 x processing time when every call loaded, sorted and rewrote the list):
  * <ul>
- *   <li>a version strictly newer than every held one (the usual case) is appended to the list
- *       (the old newest) and becomes the head; only an older or equal-time version (out of
- *       order, a replay) loads the list, which is then written back whole;</li>
- *   <li>an order at or after the newest version reads the head only; an earlier one loads the list;</li>
+ *   <li>a version strictly newer than every held one (the usual case) joins the head's; the
+ *       head's oldest is appended to the list (nothing read) once they are more than
+ *       {@link KeyHistory#RECENT}; only an older or equal-time version (out of order, a replay)
+ *       loads the list, which is then written back whole;</li>
+ *   <li>an order at or after the head's oldest version reads the head only; an earlier one
+ *       loads the list (a key with few versions has none);</li>
  *   <li>the waiting orders are read only when the key has new versions, its timer is due or its
  *       history is to be pruned; a new waiting order is appended;</li>
  *   <li>the key's one timer is the least of its waiting orders' due times and the time pruning
@@ -97,11 +97,7 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
   private final Field eventMs, late, asOf;
   private final long maxWaitMs, allowedLatenessMs, futureAfterMs;
   // A version row: version_ms, the read order columns (read_0, ...), tombstone, the state columns.
-  private final StructType versionSchema;
-  private final Field versionMs, tombstone;
-  private final Field[] versionOrder;  // version_ms, then the read order columns
-  private final Field[] versionState;
-  private final Field[] versionIdentity;  // tombstone and state: what makes two versions of one time the same
+  private final KeyHistory.Columns version;
   private transient ListState<Row> versions;
   private transient ListState<Row> waiting;
   private final VersionHead.Layout headLayout;
@@ -115,25 +111,8 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
     this.maxWaitMs = spec.maxWaitMs;
     this.allowedLatenessMs = spec.allowedLatenessMs;
     this.futureAfterMs = spec.futureAfterMs;
-    List<StructField> fields = new ArrayList<>();
-    List<String> order = new ArrayList<>();
-    fields.add(DataTypes.createStructField("version_ms", DataTypes.LongType, false));
-    order.add("version_ms");
-    for (int i = 0; i < columns.order.length; i++) {
-      fields.add(DataTypes.createStructField("read_" + i, DataTypes.LongType, true));
-      order.add("read_" + i);
-    }
-    fields.add(DataTypes.createStructField("tombstone", DataTypes.BooleanType, false));
-    fields.addAll(List.of(columns.stateSchema.fields()));
-    this.versionSchema = DataTypes.createStructType(fields);
-    this.versionMs = new Field(versionSchema, "version_ms");
-    this.tombstone = new Field(versionSchema, "tombstone");
-    this.versionOrder = Field.all(versionSchema, order);
-    this.versionState = Field.all(versionSchema, List.of(columns.stateSchema.fieldNames()));
-    List<String> identity = new ArrayList<>(List.of("tombstone"));
-    identity.addAll(List.of(columns.stateSchema.fieldNames()));
-    this.versionIdentity = Field.all(versionSchema, identity);
-    this.headLayout = new VersionHead.Layout(versionSchema);
+    this.version = new KeyHistory.Columns(columns);
+    this.headLayout = new VersionHead.Layout(version.schema);
   }
 
   /**
@@ -151,7 +130,7 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
 
   @Override
   public void init(OutputMode outputMode, TimeMode timeMode) {
-    versions = getHandle().getListState("versions", Encoders.row(versionSchema), TTLConfig.NONE());
+    versions = getHandle().getListState("versions", Encoders.row(version.schema), TTLConfig.NONE());
     waiting = getHandle().getListState("waiting", Encoders.row(columns.schema), TTLConfig.NONE());
     headState = getHandle().getValueState("head", Encoders.row(headLayout.schema), TTLConfig.NONE());
   }
@@ -166,12 +145,12 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
     split.changes.sort(Rows.readOrder(columns.order));  // of one time and one record, the first read is the one kept
     boolean added = false;
     for (Row row : split.changes) {
-      Row version = version(row, columns.roleOf(row) == LookupRole.DELETE);
-      if (!call.add(version)) {
+      Row made = version(row, columns.roleOf(row) == LookupRole.DELETE);
+      if (!call.history.add(made)) {
         continue;  // a replay re-reads versions already held: one copy each
       }
       added = true;
-      if (versionMs.getLong(version) < watermark - allowedLatenessMs) {
+      if (version.versionMs.getLong(made) < watermark - allowedLatenessMs) {
         out.add(Rows.with(row, late, 1L, columns.schema));  // a late version: stored, and emitted once to be counted
       }
     }
@@ -191,7 +170,7 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
     // Orders already waiting may be due now that the key has new versions, or by the key's timer
     // (which finish may replace), and must be decided before the history is pruned (the model
     // decides them in the same batch). Otherwise they are left unread.
-    if (call.head.waiting > 0 && (added || call.timerDue(watermark) || call.prunable(watermark))) {
+    if (call.head.waiting > 0 && (added || call.timerDue(watermark) || call.history.prunable(pruneHorizon(watermark)))) {
       call.decideWaiting(watermark, out);
     }
     call.addWaiting(waits, watermark);
@@ -213,79 +192,27 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
   }
 
   /**
-   * One call's view of a key: its head, read once; its history (every version, oldest first),
-   * read only when a decision or a pruning needs more than the newest version; and what changed.
+   * One call's view of a key: its head, read once; its versions ({@link KeyHistory}); and
+   * whether the head changed.
    */
   private final class KeyCall {
     final VersionHead head;
-    /** The timer Spark is firing in this call (it removes it itself), or null. */
-    final Long firing;
-    List<Row> history;  // null until loaded
-    int olderLoaded;  // the versions list's length when loaded
-    boolean historyChanged, headChanged;
+    final KeyHistory history;
+    boolean headChanged;
 
+    /** {@code firing}: the timer Spark is firing in this call (it removes it itself), or null. */
     KeyCall(Long firing) {
       this.head = VersionHead.read(headState.get(), headLayout);
-      this.firing = firing;
+      this.history = new KeyHistory(version, head, versions);
       if (firing != null && firing.equals(head.timerMs)) {
         head.timerMs = null;
         headChanged = true;
       }
     }
 
-    /** Every version held, oldest first (the versions list, then the newest), loaded once. */
-    List<Row> history() {
-      if (history == null) {
-        history = head.older > 0 ? Rows.load(versions) : new ArrayList<>();
-        olderLoaded = history.size();
-        if (head.newest != null) {
-          history.add(head.newest);
-        }
-        history.sort(Rows.readOrder(versionOrder));
-      }
-      return history;
-    }
-
-    /**
-     * Add a version unless the key holds it; false when it does. A version strictly newer than
-     * every held one (the usual case) becomes the head's newest and the old newest is appended
-     * to the list, with nothing read.
-     */
-    boolean add(Row version) {
-      Row newest = head.newest;
-      if (history == null && (newest == null || versionMs.getLong(version) > versionMs.getLong(newest))) {
-        if (newest == null) {
-          head.pruneAt = tombstone.getBoolean(version) ? versionMs.getLong(version) : null;
-        } else {
-          versions.appendValue(newest);
-          if (head.older == 0) {  // the old newest is now the first version, the new one the second
-            head.pruneAt = tombstone.getBoolean(newest) ? versionMs.getLong(newest) : versionMs.getLong(version);
-          }
-          head.older++;
-        }
-        head.newest = version;
-        headChanged = true;
-        return true;
-      }
-      List<Row> all = history();
-      if (holds(all, version)) {
-        return false;
-      }
-      all.add(version);
-      all.sort(Rows.readOrder(versionOrder));
-      head.newest = all.get(all.size() - 1);  // the head's newest stays the history's (decideIfDue reads it)
-      historyChanged = true;
-      return true;
-    }
-
     /** Whether the key's timer is due at {@code watermark} (Spark fires it in this batch). */
     boolean timerDue(long watermark) {
       return head.timerMs != null && head.timerMs <= watermark;
-    }
-
-    /** Whether pruning at {@code watermark} would drop something. */
-    boolean prunable(long watermark) {
-      return head.pruneAt != null && head.pruneAt < pruneHorizon(watermark);
     }
 
     /** Decide the waiting orders that are due (adding them to {@code out}); keep the others. */
@@ -319,15 +246,12 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
 
     /** Prune the history if the watermark allows, store what changed, and set the key's one timer. */
     void finish(long watermark) {
-      if (historyChanged) {
-        head.pruneAt = pruneAtOf(history);  // an older version added may make something prunable
+      long horizon = pruneHorizon(watermark);
+      if (history.prunable(horizon)) {
+        history.prune(horizon);
       }
-      if (prunable(watermark)) {
-        prune(pruneHorizon(watermark));
-      }
-      if (historyChanged) {
-        storeHistory();
-      }
+      history.store();
+      headChanged |= history.headChanged;
       Long wanted = null;
       if (head.waiting > 0) {
         // at watermark 0, at 1 as well: the orders are judged against the future horizon there
@@ -354,71 +278,6 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
         headState.update(head.toRow(headLayout));
       }
     }
-
-    /**
-     * Versions older than {@code horizon} go, except the newest of them unless it is a tombstone
-     * ({@code event_rules.prune_versions}). When the newest version is older too, the list goes
-     * whole, unread.
-     */
-    void prune(long horizon) {
-      if (history == null && versionMs.getLong(head.newest) < horizon) {
-        if (head.older > 0) {
-          versions.clear();
-          head.older = 0;
-        }
-        if (tombstone.getBoolean(head.newest)) {
-          head.newest = null;
-        }
-        head.pruneAt = null;
-        headChanged = true;
-        return;
-      }
-      List<Row> all = history();
-      int older = 0;
-      while (older < all.size() && versionMs.getLong(all.get(older)) < horizon) {
-        older++;
-      }
-      List<Row> kept = new ArrayList<>();
-      if (older > 0 && !tombstone.getBoolean(all.get(older - 1))) {
-        kept.add(all.get(older - 1));
-      }
-      kept.addAll(all.subList(older, all.size()));
-      history = kept;
-      head.newest = kept.isEmpty() ? null : kept.get(kept.size() - 1);
-      historyChanged = true;
-    }
-
-    /** The loaded history as the list (all but the newest) and the head (the newest, prune_at). */
-    void storeHistory() {
-      int n = history.size();
-      List<Row> older = history.subList(0, Math.max(0, n - 1));
-      if (older.isEmpty()) {
-        if (olderLoaded > 0) {
-          versions.clear();
-        }
-      } else {
-        versions.put(older.toArray(new Row[0]));
-      }
-      head.older = older.size();
-      head.newest = n == 0 ? null : history.get(n - 1);
-      head.pruneAt = pruneAtOf(history);
-      headChanged = true;
-    }
-  }
-
-  /**
-   * The least pruning horizon past which pruning {@code history} (oldest first) drops something:
-   * its first version's time when that is a tombstone, else its second's; null when it has one
-   * record or nothing.
-   */
-  private Long pruneAtOf(List<Row> history) {
-    if (history.isEmpty()) {
-      return null;
-    }
-    if (tombstone.getBoolean(history.get(0))) {
-      return versionMs.getLong(history.get(0));
-    }
-    return history.size() > 1 ? Long.valueOf(versionMs.getLong(history.get(1))) : null;
   }
 
   /** Versions older than this go at {@code watermark} ({@code event_rules.prune_horizon}). */
@@ -451,7 +310,7 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
   /**
    * Decide an order if the watermark allows (adding it to {@code out}): from the future (only an
    * order first judged at watermark 0 can turn out so here), or due; false if it must wait. An
-   * order at or after the newest version, a record, reads nothing but the key's head.
+   * order at or after the oldest version in the key's head reads nothing but the head.
    */
   private boolean decideIfDue(Row row, KeyCall call, long watermark, List<Row> out) {
     long time = eventMs.getLong(row);
@@ -462,13 +321,8 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
     if (watermark <= time) {
       return false;
     }
-    Row newest = call.head.newest;
-    if (newest != null && versionMs.getLong(newest) <= time && !tombstone.getBoolean(newest)) {
-      out.add(decide(row, newest, null));
-      return true;
-    }
-    List<Row> history = call.history();
-    Row current = currentAt(history, time);
+    List<Row> held = call.history.covering(time);
+    Row current = currentAt(held, time);
     if (current != null) {
       out.add(decide(row, current, null));
       return true;
@@ -476,9 +330,9 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
     if (maxWaitMs > 0 && watermark <= time + maxWaitMs) {
       return false;
     }
-    for (Row v : history) {
-      long at = versionMs.getLong(v);
-      if (at > time && at <= time + maxWaitMs && !tombstone.getBoolean(v)) {
+    for (Row v : held) {
+      long at = version.versionMs.getLong(v);
+      if (at > time && at <= time + maxWaitMs && !version.tombstone.getBoolean(v)) {
         out.add(decide(row, v, null));
         return true;
       }
@@ -487,66 +341,49 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
     return true;
   }
 
-  /** The record version current at {@code time} (null when none, or a tombstone). */
-  private Row currentAt(List<Row> history, long time) {
+  /** The record version current at {@code time} in {@code held} (null when none, or a tombstone). */
+  private Row currentAt(List<Row> held, long time) {
     Row current = null;
-    for (Row v : history) {
-      if (versionMs.getLong(v) > time) {
+    for (Row v : held) {
+      if (version.versionMs.getLong(v) > time) {
         break;
       }
       current = v;
     }
-    return current == null || tombstone.getBoolean(current) ? null : current;
+    return current == null || version.tombstone.getBoolean(current) ? null : current;
   }
 
   /** The version a changelog row makes: its time, its read order, and its record (or a tombstone). */
   private Row version(Row row, boolean isTombstone) {
-    Object[] values = new Object[versionSchema.size()];
-    versionMs.set(values, eventMs.getLong(row));
+    Object[] values = new Object[version.schema.size()];
+    version.versionMs.set(values, eventMs.getLong(row));
     for (int i = 0; i < columns.order.length; i++) {
-      versionOrder[1 + i].set(values, columns.order[i].asLong(row));
+      version.order[1 + i].set(values, columns.order[i].asLong(row));
     }
-    tombstone.set(values, isTombstone);
+    version.tombstone.set(values, isTombstone);
     for (int i = 0; i < columns.state.length; i++) {
-      versionState[i].set(values, isTombstone ? null : columns.state[i].get(row));
+      version.state[i].set(values, isTombstone ? null : columns.state[i].get(row));
     }
-    return new GenericRowWithSchema(values, versionSchema);
-  }
-
-  /** Whether the history holds a version of the same time and the same record (or tombstone). */
-  private boolean holds(List<Row> history, Row version) {
-    for (Row held : history) {
-      if (versionMs.getLong(held) != versionMs.getLong(version)) {
-        continue;
-      }
-      boolean same = true;
-      for (int i = 0; i < versionIdentity.length && same; i++) {
-        same = Objects.equals(versionIdentity[i].get(held), versionIdentity[i].get(version));
-      }
-      if (same) {
-        return true;
-      }
-    }
-    return false;
+    return new GenericRowWithSchema(values, version.schema);
   }
 
   /**
    * The order decided: the version's state columns (nulls when none), as-of, found and waited;
    * {@code outcome} null for found or missing, as the version says.
    */
-  private Row decide(Row row, Row version, LookupOutcome outcome) {
+  private Row decide(Row row, Row used, LookupOutcome outcome) {
     Object[] values = Rows.values(row);
     for (int i = 0; i < columns.state.length; i++) {
-      columns.state[i].set(values, version == null ? null : versionState[i].get(version));
+      columns.state[i].set(values, used == null ? null : version.state[i].get(used));
     }
     long waited = 0L;
-    if (version != null) {
-      waited = Math.max(0L, versionMs.getLong(version) - eventMs.getLong(row));
+    if (used != null) {
+      waited = Math.max(0L, version.versionMs.getLong(used) - eventMs.getLong(row));
     } else if (outcome == null) {
       waited = maxWaitMs;
     }
-    asOf.set(values, version == null ? null : versionMs.getLong(version));
-    LookupOutcome found = outcome != null ? outcome : version == null ? LookupOutcome.MISSING : LookupOutcome.FOUND;
+    asOf.set(values, used == null ? null : version.versionMs.getLong(used));
+    LookupOutcome found = outcome != null ? outcome : used == null ? LookupOutcome.MISSING : LookupOutcome.FOUND;
     columns.found.set(values, found.value);
     long before = columns.waited.isNull(row) ? 0L : columns.waited.getLong(row);
     columns.waited.set(values, Math.max(before, waited));
