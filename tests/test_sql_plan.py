@@ -86,7 +86,7 @@ def test_the_cli_refuses_an_unsupported_statement_with_one_line(capsys):
                  "FROM users GROUP BY accountId ORDER BY accountId"])
     err = capsys.readouterr().err
     assert code == 2
-    assert err == ("error: ORDER BY is not supported in INSERT INTO counts; supported: SELECT … FROM t [WHERE …] "
+    assert err == ("error: ORDER BY is not supported in INSERT INTO counts; supported: SELECT … FROM t [JOIN …] [WHERE …] "
                    "GROUP BY … [HAVING …] with COUNT, SUM, MIN, MAX, AVG; or SELECT … FROM t [[LEFT|INNER] JOIN t2 "
                    "ON t.pk = t2.pk …] [WHERE …]\n")
 

@@ -220,6 +220,43 @@ CASES = [
              ((("u1", {"uid": "u1", "accountId": "a", "id": 5}),), (("A", row(accountId="A", n=1, top=18)),)),
              ((("u3", None),), (("B", ""),)),
          )),
+    Case("group_by_over_a_left_join",
+         "uid STRING, accountId STRING, id INT",
+         "color STRING, n BIGINT, ids BIGINT",
+         "INSERT INTO out SELECT COALESCE(c.color, 'none'), COUNT(*), SUM(u.id) FROM users u "
+         "LEFT JOIN colors c ON u.uid = c.userUid GROUP BY COALESCE(c.color, 'none')",
+         (
+             ((("u1", {"uid": "u1", "accountId": "A", "id": 1}), ("u2", {"uid": "u2", "accountId": "A", "id": 2}),
+               ("colors", "u1", {"userUid": "u1", "color": "red"})),
+              (("none", row(color="none", n=1, ids=2)), ("red", row(color="red", n=1, ids=1)))),
+             # a joined side's row moves its driving row from one group to another
+             ((("colors", "u2", {"userUid": "u2", "color": "red"}),), (("none", ""), ("red", row(color="red", n=2, ids=3)))),
+             ((("colors", "u1", {"userUid": "u1", "color": "blue"}),),
+              (("blue", row(color="blue", n=1, ids=1)), ("red", row(color="red", n=1, ids=2)))),
+             # the driving row is deleted: its group empties; an update of the driving row changes its sum
+             ((("u2", None),), (("red", ""),)),
+             ((("u1", {"uid": "u1", "accountId": "A", "id": 5}),), (("blue", row(color="blue", n=1, ids=5)),)),
+             ((("colors", "u1", None),), (("blue", ""), ("none", row(color="none", n=1, ids=5)))),
+         ),
+         joined=(("colors", "userUid STRING, color STRING", "userUid"),)),
+    Case("group_by_over_an_inner_join_with_where_on_the_joined_side",
+         "uid STRING, accountId STRING",
+         "accountId STRING, reds BIGINT",
+         "INSERT INTO out SELECT u.accountId, COUNT(*) FROM users u JOIN colors c ON u.uid = c.userUid "
+         "WHERE c.color = 'red' GROUP BY u.accountId",
+         (
+             ((("u1", {"uid": "u1", "accountId": "A"}), ("u2", {"uid": "u2", "accountId": "A"}),
+               ("u3", {"uid": "u3", "accountId": "B"}), ("colors", "u1", {"userUid": "u1", "color": "red"}),
+               ("colors", "u2", {"userUid": "u2", "color": "blue"})),
+              (("A", row(accountId="A", reds=1)),)),
+             ((("colors", "u3", {"userUid": "u3", "color": "red"}),), (("B", row(accountId="B", reds=1)),)),
+             # a joined row that starts matching WHERE is counted; an inner side that goes takes it out
+             ((("colors", "u2", {"userUid": "u2", "color": "red"}),), (("A", row(accountId="A", reds=2)),)),
+             ((("colors", "u1", None),), (("A", row(accountId="A", reds=1)),)),
+             ((("u2", {"uid": "u2", "accountId": "B"}),), (("A", ""), ("B", row(accountId="B", reds=2)))),
+             ((("colors", "u3", {"userUid": "u3", "color": "green"}),), (("B", row(accountId="B", reds=1)),)),
+         ),
+         joined=(("colors", "userUid STRING, color STRING", "userUid"),)),
     Case("metadata_columns_in_a_projection",
          "uid STRING, name STRING, eventTime TIMESTAMP(3) METADATA, properties MAP<STRING, STRING> METADATA, "
          "topic STRING METADATA VIRTUAL, k STRING METADATA FROM 'key' VIRTUAL, sequenceId BIGINT METADATA VIRTUAL",

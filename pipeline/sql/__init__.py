@@ -1,7 +1,11 @@
 """SQL pipelines over changelog topics: Flink-style statements run as Spark streaming queries (DESIGN.md §11).
 
-plan.py (statements → plan, pure), dialect.py (the seed's Flink SQL for sqlglot), envelope.py
-(messages → typed change rows or dead letters), sink.py (the upsert topic and Parquet outputs),
-progress.py (metrics rows), runner.py (the query, its checkpoint and restarts). The keyed state
-lives in two Java operators, pipeline/jvm/statefulstreams/UpsertJoin.java and GroupAggregate.java.
+script.py (a script's statements → one plan per INSERT), tables.py (CREATE TABLE), views.py
+(CREATE VIEW, merged into its readers), settings.py (SET), plan.py and select.py (one INSERT →
+a plan, pure), expressions.py and sqltypes.py (Flink expressions → Spark SQL, and their types),
+dialect.py (the seed's Flink SQL for sqlglot), envelope.py (messages → typed change rows or dead
+letters), sink.py (the upsert topic and Parquet outputs), progress.py (metrics rows), runner.py
+(the query, its checkpoint and restarts), statement_set.py (several INSERTs as one query). The
+keyed state lives in two Java operators, pipeline/jvm/statefulstreams/UpsertJoin.java and
+GroupAggregate.java.
 """

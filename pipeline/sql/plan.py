@@ -12,10 +12,11 @@ The supported subset (DESIGN.md §11):
   deletes the key. Payload types: STRING/VARCHAR/CHAR, INT/INTEGER/SMALLINT/TINYINT, BIGINT,
   DOUBLE/FLOAT/DECIMAL, BOOLEAN. METADATA columns (pipeline/sql/metadata.py) are read in the SELECT
   and WHERE of a query without GROUP BY; any other use, and writing one, is refused.
-- one ``INSERT INTO target (cols) SELECT …`` of one of two shapes:
+- an ``INSERT INTO target (cols) SELECT …`` (pipeline/sql/script.py: several make a statement set;
+  views are merged in first, pipeline/sql/views.py) of one of two shapes:
   - ``SELECT g…, COUNT(1|*|x) | SUM(x) | MIN(x) | MAX(x) | AVG(x) | expressions of them … FROM t
-    [WHERE …] GROUP BY g… [HAVING …]`` (the target's primary key is the group column, or one
-    expression of every group column);
+    [JOIN …]… [WHERE …] GROUP BY g… [HAVING …]`` (the target's primary key is the group column,
+    or one expression of every group column; over JOINs, the joined rows are grouped);
   - ``SELECT expressions FROM t [a] [LEFT [OUTER] | [INNER] JOIN t2 [b] ON a.pk = b.pk]… [WHERE …]``
     (every join on the two tables' primary keys; WHERE's conditions on the driving table run
     before the operators, the others on the joined rows, with an inner join's "its side has a
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
     from pipeline.sql.select import AggregateCall, Derived
 
 AGGREGATES = {exp.Count: "COUNT", exp.Sum: "SUM", exp.Min: "MIN", exp.Max: "MAX"}
-SHAPES = ("SELECT … FROM t [WHERE …] GROUP BY … [HAVING …] with COUNT, SUM, MIN, MAX, AVG; "
+SHAPES = ("SELECT … FROM t [JOIN …] [WHERE …] GROUP BY … [HAVING …] with COUNT, SUM, MIN, MAX, AVG; "
           "or SELECT … FROM t [[LEFT|INNER] JOIN t2 ON t.pk = t2.pk …] [WHERE …]")
 JOINS = "LEFT [OUTER] JOIN or [INNER] JOIN table ON a.pk = b.pk"
 __all__ = ["UnsupportedSql", "build_plan", "build_table", "Plan", "Table", "Column", "Output", "field_name", "present_field",
@@ -92,6 +93,12 @@ class Plan:
     group_labels: tuple[str, ...] = ()  # the GROUP BY items as written
     inner: tuple[int, ...] = ()  # the sides joined by an [INNER] JOIN: a result row needs their row
     settings: tuple[tuple[str, str], ...] = ()  # the script's SET 'key' = 'value' (pipeline/sql/settings.py)
+
+    @property
+    def derived_on_joined_rows(self) -> bool:
+        """GROUP BY over a JOIN: the derived columns (groups, aggregates' arguments) are computed
+        on UpsertJoin's joined rows, not kept with the driving table's rows."""
+        return self.kind == "aggregate" and len(self.sides) > 1
 
     @property
     def key_output(self) -> Output:
@@ -166,8 +173,6 @@ def build_query(insert: exp.Insert, tables: dict[str, Table], statements: tuple[
         aliases[join.this.alias_or_name.lower()] = side
         aliases[join.this.name.lower()] = side
     group = select.args.get("group")
-    if group and len(sides) > 1:
-        raise UnsupportedSql("GROUP BY over a JOIN is not supported; supported: GROUP BY over one table, or JOINs without GROUP BY")
     query = Query(sides, aliases, metadata=not group)
     where = select.args.get("where")
     where_sql, where_joined = query.where(where.this) if where else (None, None)

@@ -137,7 +137,8 @@ def apply_operators(rows, plan: Plan):
     rows = apply_where(rows, plan)
     used = used_columns(plan)
     sides = [[field_name(s, c) for s, c in used if s == side] for side in range(len(plan.sides))]
-    sides[0] += [d.name for d in plan.derived]  # kept in UpsertJoin's state with the row they came from
+    if not plan.derived_on_joined_rows:
+        sides[0] += [d.name for d in plan.derived]  # kept in UpsertJoin's state with the row they came from
     for side in plan.inner:
         # TRUE on the side's own rows, kept with them: NULL in a joined row the side is missing from
         rows = rows.withColumn(present_field(side), F.when(F.col("side") == side, F.lit(True)))
@@ -149,7 +150,9 @@ def apply_operators(rows, plan: Plan):
     join = (jvm.JoinSpec().key("key").side("side").op("op").sides(sides)
             .readOrder(["source_partition", "position"]).emitBefore(aggregate or plan.where_joined is not None))
     out = DataFrame(jvm.UpsertJoin.apply(rows._jdf, join), spark)
-    if plan.where_joined:
+    if aggregate and plan.derived_on_joined_rows:
+        out = apply_joined_where(out, plan)
+    elif plan.where_joined:
         out = out.withColumn("_pass", F.expr(f"coalesce({plan.where_joined}, FALSE)"))
     if aggregate:
         groups = list(plan.group_fields) or [field_name(0, column) for column in plan.group_by]
@@ -163,6 +166,24 @@ def apply_operators(rows, plan: Plan):
     out = out.select("*", *computed) if computed else out
     if aggregate and plan.having:
         out = apply_having(out, plan)
+    return out
+
+
+def apply_joined_where(out, plan: Plan):
+    """GROUP BY over a JOIN: the derived columns computed on the joined rows, and a joined row
+    that fails WHERE on a joined table's column (or misses an inner side) taken out of its
+    group, as a deleted row is: GroupAggregate removes a member on ``before`` and ``delete``.
+
+    # in:  {"key": "u1", "op": "before"|"after"|"delete", "s0_accountId": "A", "s1_color": "red", …}
+    # out: {"key": "u1", "op": "delete" (an after that fails WHERE), …, "d0": …}
+    """
+    from pyspark.sql import functions as F
+
+    if plan.derived:
+        out = out.select("*", *[F.expr(d.sql).alias(d.name) for d in plan.derived])
+    if plan.where_joined:
+        out = out.withColumn("op", F.expr(f"CASE WHEN op = 'after' AND NOT coalesce({plan.where_joined}, FALSE) "
+                                          "THEN 'delete' ELSE op END"))
     return out
 
 
@@ -200,7 +221,7 @@ def apply_where(rows, plan: Plan):
     """
     from pyspark.sql import functions as F
 
-    if plan.derived:
+    if plan.derived and not plan.derived_on_joined_rows:
         rows = rows.select("*", *[F.expr(d.sql).alias(d.name) for d in plan.derived])
     if plan.where:
         rows = rows.withColumn("op", F.expr(f"CASE WHEN op = 'upsert' AND side = 0 AND NOT coalesce({plan.where}, FALSE) "

@@ -3,8 +3,9 @@
 :class:`Query` gathers, while pipeline/sql/plan.py builds a plan, what the query reads and computes:
 
 - WHERE and the projections as Spark SQL over the envelope's ``s<side>_<column>`` columns;
-- the driving table's :class:`Derived` columns (GROUP BY expressions, aggregates' arguments),
-  computed by Spark before the operators and kept by UpsertJoin with their row;
+- the :class:`Derived` columns (GROUP BY expressions, aggregates' arguments), computed by Spark
+  on the driving table's rows before the operators and kept by UpsertJoin with their row, or,
+  for a GROUP BY over a JOIN, on UpsertJoin's joined rows (``Plan.derived_on_joined_rows``);
 - the :class:`AggregateCall`s GroupAggregate computes (AVG is SUM and COUNT, divided by Spark;
   COUNT(DISTINCT x) is its COUNT_DISTINCT);
 - HAVING and the aggregate outputs as Spark SQL over GroupAggregate's output columns.
@@ -116,7 +117,7 @@ class Query:
     def aggregate_outputs(self, names: list[str], items: list[exp.Expression], groups: list[exp.Expression]) -> list[Output]:
         for group in groups:
             value = self.row_value(group, "GROUP BY")
-            if isinstance(group, exp.Column):
+            if isinstance(group, exp.Column) and self._side(group, "GROUP BY") == 0:
                 self.group_by.append(resolve_column(group, self.sides, self.aliases, "GROUP BY")[1])
             self.group_fields.append(value.sql.strip("`"))
             self.groups[translate(group, self.row_scope("GROUP BY"), "GROUP BY").sql] = value
@@ -124,7 +125,8 @@ class Query:
         for index, (name, item) in enumerate(zip(names, items)):
             inner = item.this if isinstance(item, exp.Alias) else item
             if type(inner) in AGGREGATES and not isinstance(inner.this, exp.Distinct) and (
-                    isinstance(inner.this, exp.Column) or (type(inner) is exp.Count and isinstance(inner.this, (exp.Star, exp.Literal)))):
+                    (isinstance(inner.this, exp.Column) and self._side(inner.this, "SELECT") == 0)
+                    or (type(inner) is exp.Count and isinstance(inner.this, (exp.Star, exp.Literal)))):
                 # a plain aggregate keeps the column name (agg<i>) its state had before expressions
                 self._aggregate(inner, f"agg{index}")
                 argument = inner.this.name if isinstance(inner.this, exp.Column) else None
@@ -133,12 +135,15 @@ class Query:
                 continue
             value = translate(inner, self.aggregate_scope("SELECT"), "SELECT")
             if isinstance(inner, exp.Column):
-                outputs.append(Output(name, 0, resolve_column(inner, self.sides, self.aliases, "SELECT")[1],
-                                      fields=tuple(self.fields_used)))
+                side, column = resolve_column(inner, self.sides, self.aliases, "SELECT")
+                outputs.append(Output(name, side, column, fields=tuple(self.fields_used)))
             else:
                 outputs.append(Output(name, None, None, expression=value.sql, spark_type=value.type,
                                       fields=tuple(self.fields_used)))
         return outputs
+
+    def _side(self, column: exp.Column, clause: str) -> int:
+        return resolve_column(column, self.sides, self.aliases, clause)[0]
 
     def aggregate_scope(self, clause: str):
         """Resolves aggregate calls and GROUP BY expressions to GroupAggregate's output columns."""

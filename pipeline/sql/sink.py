@@ -75,7 +75,7 @@ def filter_joined(rows: pa.Table) -> pa.Table:
 def build_result(plan: Plan, rows: pa.Table, batch_id: int, now_ms: int) -> pa.Table:
     """The batch's ``result`` rows from the query's output rows (upserts and deletes only)."""
     schema = result_schema(plan)
-    if (plan.where_joined or plan.having) and rows.num_rows:
+    if ((plan.where_joined and plan.kind == "join") or plan.having) and rows.num_rows:
         rows = filter_joined(rows)
     ops = rows["op"]
     changed = rows.filter(pc.is_in(ops, pa.array(list(UPSERT_OPS) + ["delete"])))
