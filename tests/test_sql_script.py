@@ -40,6 +40,14 @@ def test_a_view_of_a_view_of_a_join_and_a_group_by_over_a_view():
     assert grouped.kind == "aggregate" and grouped.where == "(`s0_id` > 0)" and grouped.group_by == ("accountId",)
 
 
+def test_group_by_over_a_view_of_a_join_groups_the_joined_rows():
+    plan = build_plan(f"""{USERS}\n{COLORS}\n{COUNTS}
+        CREATE VIEW colored AS SELECT u.uid, u.accountId AS acc, c.color FROM users u LEFT JOIN colors c ON u.uid = c.userUid;
+        INSERT INTO counts SELECT COALESCE(color, 'none'), COUNT(*) FROM colored GROUP BY COALESCE(color, 'none');""")
+    assert plan.kind == "aggregate" and plan.derived_on_joined_rows
+    assert [d.sql for d in plan.derived] == ["coalesce(`s1_color`, 'none')"] and plan.group_fields == ("d0",)
+
+
 def test_where_over_an_aggregating_view_is_its_having():
     plan = build_plan(f"""{USERS}\n{COUNTS}
         CREATE VIEW sizes AS SELECT accountId, COUNT(*) AS users FROM users GROUP BY accountId;
@@ -59,12 +67,16 @@ def test_several_inserts_and_statement_sets_plan_one_pipeline_each():
         build_plan(f"{USERS}\n{COUNTS}\n{OUT}\n{inserts}")
 
 
-def test_set_state_ttl_is_read_as_flinks_durations():
-    plan = build_plan(f"{USERS}\n{COUNTS}\nSET 'table.exec.state.ttl' = '90 min';\n"
+def test_set_state_ttl_is_read_as_flinks_durations_and_only_0_is_taken():
+    plan = build_plan(f"{USERS}\n{COUNTS}\nSET 'table.exec.state.ttl' = '0 ms';\n"
                       "INSERT INTO counts SELECT accountId, COUNT(*) FROM users GROUP BY accountId;")
-    assert plan.settings == (("table.exec.state.ttl", "90 min"),)
+    assert plan.settings == (("table.exec.state.ttl", "0 ms"),)
     assert [duration_ms(t) for t in ("1 h", "1d", "500 ms", "2000", "10 s", "3 minutes")] == [
         3_600_000, 86_400_000, 500, 2000, 10_000, 180_000]
+    with pytest.raises(UnsupportedSql, match=re.escape("SET 'table.exec.state.ttl' = '90 min' is not supported yet: "
+                                                       "the pipeline's state has no TTL; supported: '0'")):
+        build_plan(f"{USERS}\n{COUNTS}\nSET 'table.exec.state.ttl' = '90 min';\n"
+                   "INSERT INTO counts SELECT accountId, COUNT(*) FROM users GROUP BY accountId;")
 
 
 @pytest.mark.parametrize("statements, message", [
@@ -92,3 +104,18 @@ def test_script_statements_outside_the_subset_are_refused_in_one_line(statements
     with pytest.raises(UnsupportedSql, match=re.escape(message)) as caught:
         build_pipeline(f"{USERS}\n{COUNTS}\n{statements};")
     assert "\n" not in str(caught.value)
+
+
+def test_check_prints_each_insert_of_a_statement_set(capsys, tmp_path):
+    from pipeline.cli import main
+    from sqlhelp import SQL_DIR
+
+    code = main(["--data-dir", str(tmp_path), "sql", str(SQL_DIR / "account_counts_and_named_users.sql"), "--check"])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert lines[0] == ("account_counts_and_named_users: a statement set of 2 INSERTs, one query reading each "
+                        "message once")
+    assert [line.split(" into ")[1] for line in lines if " into " in line] == [
+        "user_count_by_account -> persistent://public/default/user_count_by_account",
+        "named_users -> persistent://public/default/named_users"]
+    assert "  WHERE, before the operators: (NOT (`s0_fullName` IS NULL))" in lines  # the view's WHERE

@@ -2,7 +2,9 @@
 
 Pure: :func:`apply_setting` checks one ``SET`` statement and records its value in the script's
 settings (key -> value as written); a key outside :data:`SETTINGS`, or a value it cannot take,
-is refused with one line naming it. :func:`duration_ms` reads Flink's duration syntax
+is refused with one line naming it. ``table.exec.state.ttl`` is taken at ``'0'`` (Flink's
+default: state is kept for every key); a positive TTL is refused until the operators' state
+can expire (README, "Conformance with Flink SQL"). :func:`duration_ms` reads Flink's duration syntax
 (``'90 s'``, ``'1 h'``, ``'1d'``, ``'500 ms'``, a bare number of milliseconds).
 """
 
@@ -45,8 +47,13 @@ def apply_setting(statement: exp.Set, settings: dict[str, str]) -> None:
     if key not in SETTINGS:
         raise UnsupportedSql(f"SET {key!r} is not supported; supported keys: {', '.join(SETTINGS)}")
     try:
-        duration_ms(value)
+        ttl = duration_ms(value)
     except ValueError:
         raise UnsupportedSql(f"SET {key!r} = {value!r} is not a duration; supported: a number and a unit "
                              "(ms, s, min, h, d), e.g. '1 h'; '0' keeps state forever") from None
+    if ttl > 0:
+        # Dropping idle keys needs a TTL on the operators' state (UpsertJoin's rows per side,
+        # GroupAggregate's members and last result), which they do not have yet: refused, not ignored.
+        raise UnsupportedSql(f"SET {key!r} = {value!r} is not supported yet: the pipeline's state has no TTL; "
+                             "supported: '0' (state kept for every key, Flink's default)")
     settings[key] = value
