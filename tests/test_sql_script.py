@@ -99,6 +99,9 @@ def test_set_state_ttl_is_read_as_flinks_durations_and_only_0_is_taken():
     ("SET 'table.exec.state.ttl' = 'soon'; INSERT INTO counts SELECT uid, 1 FROM users",
      "SET 'table.exec.state.ttl' = 'soon' is not a duration"),
     ("CREATE VIEW v AS SELECT uid FROM users", "0 INSERT INTO statements"),
+    # as in Flink, a statement reads what is defined before it
+    ("INSERT INTO counts SELECT uid, 1 FROM later; CREATE VIEW later AS SELECT uid FROM users",
+     "FROM later: no such table; CREATE TABLE it first"),
 ])
 def test_script_statements_outside_the_subset_are_refused_in_one_line(statements, message):
     with pytest.raises(UnsupportedSql, match=re.escape(message)) as caught:

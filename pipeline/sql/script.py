@@ -102,12 +102,12 @@ def build_pipeline(text: str, topic_map: dict[str, str] | None = None) -> tuple[
         elif isinstance(statement, exp.Set):
             apply_setting(statement, settings)
         elif isinstance(statement, exp.Insert):
-            inserts.append(statement)
+            inserts.append((statement, dict(tables), dict(views)))  # what is defined before it
         else:
             raise UnsupportedSql(f"statement {statement.key.upper()} is not supported; supported: {STATEMENTS}")
     if not inserts:
         raise UnsupportedSql(f"0 INSERT INTO statements; supported: one or more INSERT INTO … SELECT … ({STATEMENTS})")
-    plans = tuple(build_query(insert, tables, statements, views, settings) for insert in inserts)
+    plans = tuple(build_query(insert, known, statements, seen, settings) for insert, known, seen in inserts)
     targets = [plan.target.name.lower() for plan in plans]
     twice = sorted({t for t in targets if targets.count(t) > 1})
     if twice:
