@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 
 import sinkread
 from pipeline import sink_maintenance, sinks, store
@@ -103,3 +104,27 @@ def test_the_maintenance_names_stay_importable_from_the_sinks_module():
 
     assert SinkMaintenance is sink_maintenance.SinkMaintenance
     assert vacuum_retention_s is sink_maintenance.vacuum_retention_s
+
+
+def test_a_log_file_another_writer_cleaned_up_first_fails_no_round(tmp_path, monkeypatch):
+    """The writer's post-commit checkpoint cleans up expired log files too; the round's own
+    cleanup then meets a file already gone (bench_month: 'Object at location … not found')."""
+    from deltalake import DeltaTable
+
+    writer = sinks.SinkWriter(tmp_path)
+    for batch in range(3):
+        writer.commit_batch(dead_letters(batch), batch)
+
+    def cleaned_up_meanwhile(self):
+        raise OSError("Generic error: Object at location /x/_delta_log/00000000000000000001.json not found")
+
+    monkeypatch.setattr(DeltaTable, "cleanup_metadata", cleaned_up_meanwhile)
+    done = writer.maintain(compact=True, retention_s=0)
+    assert done["dead_letter"]["files_removed"] == 3 and done["dead_letter"]["files_vacuumed"] == 3
+
+    def disk_full(self):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(DeltaTable, "cleanup_metadata", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        writer.maintain(compact=True, retention_s=0)
