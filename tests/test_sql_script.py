@@ -120,5 +120,5 @@ def test_check_prints_each_insert_of_a_statement_set(capsys, tmp_path):
                         "message once")
     assert [line.split(" into ")[1] for line in lines if " into " in line] == [
         "user_count_by_account -> persistent://public/default/user_count_by_account",
-        "named_users -> persistent://public/default/named_users"]
+        "user_names -> persistent://public/default/user_names"]
     assert "  WHERE, before the operators: (NOT (`s0_fullName` IS NULL))" in lines  # the view's WHERE

@@ -19,8 +19,8 @@ from waiting import wait_for
 pytestmark = pytest.mark.e2e
 
 SET_SQL = SQL_DIR / "account_counts_and_named_users.sql"
-TABLES = ("users", "user_count_by_account", "named_users")
-COUNTS, NAMED = "result_user_count_by_account", "result_named_users"
+TABLES = ("users", "user_count_by_account", "user_names")
+COUNTS, NAMED = "result_user_count_by_account", "result_user_names"
 
 
 def user(uid: str, account: str, name: str | None = None, id_: int | str = 1) -> tuple[str, bytes]:
@@ -44,7 +44,7 @@ def test_a_statement_set_reads_each_message_once_and_writes_each_inserts_changel
             def arrived():
                 running.result(settings, "set")
                 on_counts = read_topic(url, topics["user_count_by_account"], timeout_ms=300)
-                on_named = read_topic(url, topics["named_users"], timeout_ms=300)
+                on_named = read_topic(url, topics["user_names"], timeout_ms=300)
                 return len(on_counts) >= counts and len(on_named) >= named and (on_counts, on_named)
             return arrived
 
@@ -108,7 +108,7 @@ def test_kill_9_in_the_middle_of_a_statement_set_loses_and_duplicates_nothing(se
         assert second.stop() in (0, -signal.SIGTERM)
     # the upsert topics' final changelog: every key's last message is its row, no key left over
     assert latest_per_key(read_topic(url, topics["user_count_by_account"])) == expected_counts
-    assert latest_per_key(read_topic(url, topics["named_users"])) == expected_named
+    assert latest_per_key(read_topic(url, topics["user_names"])) == expected_named
     with duckdb.connect() as con:
         for sink in (COUNTS, NAMED):
             changes = sink_changes(con, settings, "set9", sink)

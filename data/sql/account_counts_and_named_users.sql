@@ -26,14 +26,14 @@ PRIMARY KEY (accountId) NOT ENFORCED
 'value.format' = 'json'
 );
 
-CREATE TABLE named_users (
+CREATE TABLE user_names (
 uid STRING,
 accountId STRING,
 name STRING,
 PRIMARY KEY (uid) NOT ENFORCED
 ) WITH (
 'connector' = 'upsert-pulsar',
-'topic' = 'persistent://public/default/named_users',
+'topic' = 'persistent://public/default/user_names',
 'key.format' = 'raw',
 'value.format' = 'json'
 );
@@ -47,5 +47,5 @@ WHERE fullName IS NOT NULL;
 EXECUTE STATEMENT SET
 BEGIN
 INSERT INTO user_count_by_account SELECT accountId, COUNT(1) FROM users GROUP BY accountId;
-INSERT INTO named_users SELECT uid, accountId, name FROM named;
+INSERT INTO user_names SELECT uid, accountId, name FROM named;
 END;
