@@ -122,3 +122,19 @@ def test_check_prints_each_insert_of_a_statement_set(capsys, tmp_path):
         "user_count_by_account -> persistent://public/default/user_count_by_account",
         "user_names -> persistent://public/default/user_names"]
     assert "  WHERE, before the operators: (NOT (`s0_fullName` IS NULL))" in lines  # the view's WHERE
+
+
+def test_a_statement_sets_batch_splits_per_insert_and_keeps_one_dead_letter_per_message():
+    import pyarrow as pa
+
+    from pipeline.sql.statement_set import split_set_batch, unique_dead_letters
+
+    batch = pa.table({"_insert": [0, 1, 1], "i0_key": ["a", None, None], "i1_key": [None, "b", "c"],
+                      "i1_op": [None, "after", "delete"]})
+    first, second = split_set_batch(batch, 2)
+    assert first.to_pylist() == [{"key": "a"}]
+    assert second.to_pylist() == [{"key": "b", "op": "after"}, {"key": "c", "op": "delete"}]
+    dead = pa.table({"source_topic": ["t", "t", "t", "out", "out"], "source_partition": [0, 0, 0, None, None],
+                     "source_message_id": ["1", "1", "2", None, None], "error": ["e", "e", "e", "x", "y"]})
+    # a message both INSERTs parsed is one dead letter; unsendable results (no message id) all stay
+    assert unique_dead_letters(dead)["source_message_id"].to_pylist() == ["1", "2", None, None]
