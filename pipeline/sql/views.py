@@ -130,7 +130,7 @@ def _unaliased(item: exp.Expression) -> exp.Expression:
 def _paren(node: exp.Expression) -> exp.Expression:
     """A copy of a view's expression, in parentheses where it is more than a column or literal."""
     node = node.copy()
-    return node if isinstance(node, (exp.Column, exp.Literal, exp.AggFunc, exp.Func)) else exp.Paren(this=node)
+    return node if isinstance(node, (exp.Column, exp.Literal, exp.Func)) else exp.Paren(this=node)
 
 
 def _keep_name(item: exp.Expression, substitute) -> exp.Expression:
