@@ -103,8 +103,12 @@ def maintain_table(path: Path, compact: bool = True, retention_s: float | None =
         table = open_table(path)
         wanted_log_s = retention_s if log_retention_s is None else log_retention_s
         log_minutes = math.ceil(max(LOG_RETENTION_MIN_S, wanted_log_s) / 60)
+        # This round is the log's only cleaner: a writer's commit that writes a checkpoint would
+        # clean up the same files at the same moment, and one of the two then fails on a file
+        # the other deleted (bench_month's writer died so at batch 34,646).
         wanted = {"delta.logRetentionDuration": f"interval {log_minutes} minutes",
-                  "delta.deletedFileRetentionDuration": f"interval {max(1, hours)} hours"}
+                  "delta.deletedFileRetentionDuration": f"interval {max(1, hours)} hours",
+                  "delta.enableExpiredLogCleanup": "false"}
         configured = table.metadata().configuration
         if any(configured.get(key) != value for key, value in wanted.items()):
             table.alter.set_table_properties(wanted)
@@ -115,9 +119,9 @@ def maintain_table(path: Path, compact: bool = True, retention_s: float | None =
 
 
 def _clean_up_log(table) -> None:
-    """Drop the log files past the log's retention. A writer's commit that writes a checkpoint
-    cleans up the same files (delta-rs's post-commit hook): one it deleted first is not there
-    to delete (seen in bench/bench_month.py twice in 140 rounds), which is no failure."""
+    """Drop the log files past the log's retention. Before a table has the round's properties,
+    a writer's commit that writes a checkpoint cleans up the same files (delta-rs's post-commit
+    hook): one it deleted first is not there to delete, which is no failure."""
     try:
         table.cleanup_metadata()
     except Exception as exc:  # delta-rs raises its own error types

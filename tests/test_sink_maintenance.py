@@ -128,3 +128,26 @@ def test_a_log_file_another_writer_cleaned_up_first_fails_no_round(tmp_path, mon
     monkeypatch.setattr(DeltaTable, "cleanup_metadata", disk_full)
     with pytest.raises(OSError, match="No space left"):
         writer.maintain(compact=True, retention_s=0)
+
+
+def test_the_round_is_the_logs_only_cleaner(tmp_path):
+    """A writer's commit that writes a checkpoint cleans up expired log files by default; with
+    the round cleaning them too, one of the two met a file the other had deleted and failed
+    (bench_month's writer died so). After a round, writers leave the log to the rounds."""
+    writer = sinks.SinkWriter(tmp_path)
+    path = store.sink_dir(tmp_path, "dead_letter")
+    for batch in range(10):
+        writer.commit_batch(dead_letters(batch), batch)
+    writer.maintain(compact=False, retention_s=0, log_retention_s=0)
+    assert sinks.open_table(path).metadata().configuration["delta.enableExpiredLogCleanup"] == "false"
+    log_dir = path / "_delta_log"
+    old = sorted(log_dir.glob("*.json"))
+    half_an_hour_ago = time.time() - 1800
+    for entry in log_dir.iterdir():
+        os.utime(entry, (half_an_hour_ago, half_an_hour_ago))
+    for batch in range(10, 120):  # past the writer's checkpoint at version 99
+        writer.commit_batch(dead_letters(batch), batch)
+    assert any(log_dir.glob("*99.checkpoint.parquet")) and all(entry.exists() for entry in old)
+    writer.maintain(compact=False, retention_s=0, log_retention_s=0)
+    # the round cleaned them, back to its first checkpoint (the newest older than the cutoff)
+    assert not any(entry.exists() for entry in old[:10])
