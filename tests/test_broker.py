@@ -61,3 +61,31 @@ def test_stop_removes_endpoint(tmp_path):
         assert running.endpoint_file.exists()
     assert not running.endpoint_file.exists()
     assert running_embedded_url(tmp_path) is None
+
+
+def test_the_broker_log_is_moved_aside_past_its_cap_and_written_on_from_its_start(tmp_path):
+    """The keeper caps broker.log (pulsar-lite's warnings run to tens of MB): the child keeps its
+    descriptor, opened with O_APPEND as EmbeddedBroker opens it, and writes on at the new end."""
+    from pipeline.feed.broker import cap_log
+
+    path = tmp_path / "broker.log"
+    child = textwrap.dedent("""
+        import sys
+        sys.stdout.write("x" * 3000 + "\\n"); sys.stdout.flush()
+        sys.stdin.readline()
+        sys.stdout.write("after the cap\\n"); sys.stdout.flush()
+    """)
+    with open(path, "ab") as log:
+        process = subprocess.Popen([sys.executable, "-c", child], stdout=log, stdin=subprocess.PIPE)
+    try:
+        wait_for(lambda: path.stat().st_size > 3000, timeout=30, what="the child's first line")
+        assert cap_log(path, max_bytes=10_000) is False  # under the cap: left alone
+        assert cap_log(path, max_bytes=1000) is True
+        assert (tmp_path / "broker.log.1").read_text().startswith("x" * 3000)
+        process.stdin.write(b"go\n")
+        process.stdin.flush()
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert path.read_bytes() == b"after the cap\n"  # at the start: no hole where the old lines were

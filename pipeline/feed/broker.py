@@ -3,7 +3,8 @@
 :class:`EmbeddedBroker` starts the ``pulsar-lite`` binary from the PyPI package on
 127.0.0.1 and a free port, with a config file that turns its metrics endpoint off (it would
 otherwise listen on all interfaces), data under ``<data_dir>/broker/``, and a parent-death
-signal so it never outlives the process that started it.
+signal so it never outlives the process that started it. Its keeper keeps ``broker.log`` under
+:data:`BROKER_LOG_MAX_BYTES` (:func:`cap_log`).
 
 A running embedded broker writes ``<data_dir>/broker/endpoint.json``; :func:`resolve_service_url`
 reads it so the producers, the job and the console all reach the same broker.
@@ -25,6 +26,7 @@ import ctypes
 import fcntl
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -297,6 +299,27 @@ def _start_keeper(data_dir: Path, deadline: float) -> str:
     return url
 
 
+# pulsar-lite logs a warning per reader it closes ('No dispatcher found for subscription …'):
+# tens of MB in a few minutes of tests. Its data cannot be bounded (it deletes no message, README
+# "Retention"), but its log can: past this size, the keeper moves it aside (one file kept).
+BROKER_LOG_MAX_BYTES = 64 << 20
+
+
+def cap_log(path: Path, max_bytes: int = BROKER_LOG_MAX_BYTES) -> bool:
+    """Keep the log at ``path`` under about ``max_bytes``: past it, its content is copied to
+    ``<path>.1`` (replacing the one before) and it starts again empty. Its writer opened it with
+    O_APPEND (:meth:`EmbeddedBroker._start`), so it writes on at the new end (copytruncate;
+    lines written between the copy and the truncation are lost). True if it was moved aside."""
+    try:
+        if path.stat().st_size <= max_bytes:
+            return False
+        shutil.copyfile(path, path.with_name(path.name + ".1"))
+        os.truncate(path, 0)
+        return True
+    except OSError:  # gone or unwritable: the next poll tries again
+        return False
+
+
 def keep_broker(data_dir: str | Path, poll_s: float = 0.25) -> int:
     """The keeper's process: run pulsar-lite for ``data_dir`` until no process uses it (or SIGTERM).
 
@@ -319,6 +342,7 @@ def keep_broker(data_dir: str | Path, poll_s: float = 0.25) -> int:
                 fcntl.flock(users, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break  # the last user is gone
             except BlockingIOError:
+                cap_log(broker.broker_dir / "broker.log")
                 time.sleep(poll_s)
         broker.stop()
     finally:
