@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
 
 from pipeline.sql.plan import UnsupportedSql, build_plan
+from pipeline.sql.runner import plan_fingerprint
 from pipeline.sql.script import build_pipeline
-from pipeline.sql.settings import duration_ms
+from pipeline.sql.settings import duration_ms, state_ttl_ms
 
 TABLE = """CREATE TABLE {name} ({columns}, PRIMARY KEY ({key}) NOT ENFORCED) WITH ('connector' = 'upsert-pulsar',
  'topic' = 'persistent://public/default/{name}', 'key.format' = 'raw', 'value.format' = 'json');"""
@@ -67,15 +69,25 @@ def test_several_inserts_and_statement_sets_plan_one_pipeline_each():
         build_plan(f"{USERS}\n{COUNTS}\n{OUT}\n{inserts}")
 
 
-def test_set_state_ttl_is_read_as_flinks_durations_and_only_0_is_taken():
+def test_set_state_ttl_is_read_as_flinks_durations_and_reaches_the_plan():
     plan = build_plan(f"{USERS}\n{COUNTS}\nSET 'table.exec.state.ttl' = '0 ms';\n"
                       "INSERT INTO counts SELECT accountId, COUNT(*) FROM users GROUP BY accountId;")
     assert plan.settings == (("table.exec.state.ttl", "0 ms"),)
+    assert state_ttl_ms(plan.settings) == 0
     assert [duration_ms(t) for t in ("1 h", "1d", "500 ms", "2000", "10 s", "3 minutes")] == [
         3_600_000, 86_400_000, 500, 2000, 10_000, 180_000]
-    with pytest.raises(UnsupportedSql, match=re.escape("SET 'table.exec.state.ttl' = '90 min' is not supported yet: "
-                                                       "the pipeline's state has no TTL; supported: '0'")):
-        build_plan(f"{USERS}\n{COUNTS}\nSET 'table.exec.state.ttl' = '90 min';\n"
+    timed = build_plan(f"{USERS}\n{COUNTS}\nSET 'table.exec.state.ttl' = '90 min';\n"
+                       "INSERT INTO counts SELECT accountId, COUNT(*) FROM users GROUP BY accountId;")
+    assert state_ttl_ms(timed.settings) == 5_400_000
+    # TTL'd state is another state layout: a checkpoint written without a TTL is refused with one
+    assert plan_fingerprint(timed) != plan_fingerprint(plan)
+    assert plan_fingerprint(dataclasses.replace(timed, settings=(("table.exec.state.ttl", "2 h"),))) == \
+        plan_fingerprint(timed)
+    with pytest.raises(UnsupportedSql, match=re.escape("SET 'table.exec.state.ttl' = '1 hour ago' is not a duration")):
+        build_plan(f"{USERS}\n{COUNTS}\nSET 'table.exec.state.ttl' = '1 hour ago';\n"
+                   "INSERT INTO counts SELECT accountId, COUNT(*) FROM users GROUP BY accountId;")
+    with pytest.raises(UnsupportedSql, match=re.escape("SET 'table.exec.state.ttl' = '9999999 d' is too long")):
+        build_plan(f"{USERS}\n{COUNTS}\nSET 'table.exec.state.ttl' = '9999999 d';\n"
                    "INSERT INTO counts SELECT accountId, COUNT(*) FROM users GROUP BY accountId;")
 
 

@@ -36,6 +36,7 @@ from pipeline.sinks import SinkMaintenance, last_committed_batch
 from pipeline.sql.envelope import envelope_ddl, field_name, make_parser, used_columns
 from pipeline.sql.plan import Plan, present_field
 from pipeline.sql.progress import build_sql_progress_row
+from pipeline.sql.settings import state_ttl_ms
 from pipeline.sql.statement_set import build_set_frame, result_sink, write_set_batch
 from pipeline.sql.sink import (SqlSinkWriter, build_dead_letters, build_messages, build_result, output_field,
                                send_messages, split_unsendable)
@@ -67,6 +68,9 @@ def plan_fingerprint(plan: Plan) -> str:
     if (plan.where or plan.where_joined or plan.having or plan.derived or any(o.expression for o in plan.outputs)
             or len(plan.group_fields) > 1):
         parts.append(computed)  # a plan of plain columns and aggregates keeps the fingerprint it had
+    if state_ttl_ms(plan.settings):
+        # TTL'd state and timers are another layout (its length is not: it may change on a restart)
+        parts.append("state ttl")
     text = json.dumps(parts, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -147,8 +151,10 @@ def apply_operators(rows, plan: Plan):
     # a WHERE on a joined table's column (or an inner join's "each inner side has a row") needs
     # each key's row as it was (op "before") to know whether that row was sent
     # (pipeline/sql/sink.py filter_joined)
+    ttl_ms = state_ttl_ms(plan.settings)  # table.exec.state.ttl: 0 keeps every key
     join = (jvm.JoinSpec().key("key").side("side").op("op").sides(sides)
-            .readOrder(["source_partition", "position"]).emitBefore(aggregate or plan.where_joined is not None))
+            .readOrder(["source_partition", "position"]).emitBefore(aggregate or plan.where_joined is not None)
+            .stateTtlMs(ttl_ms))
     out = DataFrame(jvm.UpsertJoin.apply(rows._jdf, join), spark)
     if aggregate and plan.derived_on_joined_rows:
         out = apply_joined_where(out, plan)
@@ -157,10 +163,12 @@ def apply_operators(rows, plan: Plan):
     if aggregate:
         groups = list(plan.group_fields) or [field_name(0, column) for column in plan.group_by]
         out = out.withColumn("group_key", F.to_json(F.array(*[F.col(g).cast("string") for g in groups])))
-        spec = jvm.AggregateSpec().groupKey("group_key").member("key").op("op").groups(groups)
+        spec = jvm.AggregateSpec().groupKey("group_key").member("key").op("op").groups(groups).stateTtlMs(ttl_ms)
         for call in plan.aggregates:
             spec.aggregate(call.function, call.input, call.name)
         out = DataFrame(jvm.GroupAggregate.apply(out._jdf, spec), spark)
+        if ttl_ms and not plan.having:
+            out = out.where(~F.col("op").eqNullSafe("expire"))  # a group the TTL dropped: nothing to send
     computed = [F.expr(f"TRY_CAST({o.expression} AS {o.spark_type.upper() if o.spark_type != 'null' else 'STRING'})")
                 .alias(f"out{i}") for i, o in enumerate(plan.outputs) if o.expression]
     out = out.select("*", *computed) if computed else out
@@ -191,7 +199,9 @@ def apply_having(out, plan: Plan):
     """HAVING as Flink means it: a group's row is sent while it passes, and retracted once when it
     stops. A second UpsertJoin, keyed by the result's key (JSON-encoded, so that a NULL key stays
     apart), gives each changed group's row before and after the batch; pipeline/sql/sink.py
-    filter_joined sends what changed.
+    filter_joined sends what changed. It has no TTL of its own: a group that
+    ``table.exec.state.ttl`` dropped comes as an ``expire`` row, which drops the group's last row
+    here too and sends nothing, so the group's next row is sent if it passes, as Flink's filter does.
 
     # in:  {"op": "upsert"|"delete"|"dead", "s0_accountId": "100", "agg1": 2, "out<i>": …}
     # out: {"key": "[\"100\"]", "op": "before"|"after"|"delete"|"dead", …, "_pass": true, "_result_key": "100"}

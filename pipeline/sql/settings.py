@@ -2,10 +2,14 @@
 
 Pure: :func:`apply_setting` checks one ``SET`` statement and records its value in the script's
 settings (key -> value as written); a key outside :data:`SETTINGS`, or a value it cannot take,
-is refused with one line naming it. ``table.exec.state.ttl`` is taken at ``'0'`` (Flink's
-default: state is kept for every key); a positive TTL is refused until the operators' state
-can expire (README, "Conformance with Flink SQL"). :func:`duration_ms` reads Flink's duration syntax
+is refused with one line naming it. :func:`duration_ms` reads Flink's duration syntax
 (``'90 s'``, ``'1 h'``, ``'1d'``, ``'500 ms'``, a bare number of milliseconds).
+
+``table.exec.state.ttl`` (:func:`state_ttl_ms`) is Flink's idle-state retention, in processing
+time: ``'0'`` (Flink's default) keeps state for every key; a positive TTL drops a join side's row
+not written for the TTL (each side on its own) and a group not updated for the TTL (members and
+last result at once), sending nothing (README, "Conformance with Flink SQL"; the operators are
+pipeline/jvm/statefulstreams/UpsertJoin.java and GroupAggregate.java).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ UNITS_MS = {"ms": 1, "milli": 1, "millis": 1, "millisecond": 1, "milliseconds": 
             "min": 60_000, "m": 60_000, "minute": 60_000, "minutes": 60_000,
             "h": 3_600_000, "hour": 3_600_000, "hours": 3_600_000,
             "d": 86_400_000, "day": 86_400_000, "days": 86_400_000}
+MAX_TTL_MS = 100_000 * 86_400_000
 DURATION = re.compile(r"^\s*(\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 
@@ -51,9 +56,13 @@ def apply_setting(statement: exp.Set, settings: dict[str, str]) -> None:
     except ValueError:
         raise UnsupportedSql(f"SET {key!r} = {value!r} is not a duration; supported: a number and a unit "
                              "(ms, s, min, h, d), e.g. '1 h'; '0' keeps state forever") from None
-    if ttl > 0:
-        # Dropping idle keys needs a TTL on the operators' state (UpsertJoin's rows per side,
-        # GroupAggregate's members and last result), which they do not have yet: refused, not ignored.
-        raise UnsupportedSql(f"SET {key!r} = {value!r} is not supported yet: the pipeline's state has no TTL; "
-                             "supported: '0' (state kept for every key, Flink's default)")
+    if ttl > MAX_TTL_MS:  # far beyond any retention; keeps now + TTL inside Spark's long milliseconds
+        raise UnsupportedSql(f"SET {key!r} = {value!r} is too long; supported: up to 100000 d, or '0' to keep "
+                             "state forever")
     settings[key] = value
+
+
+def state_ttl_ms(settings: dict[str, str] | tuple[tuple[str, str], ...]) -> int:
+    """The script's ``table.exec.state.ttl`` in milliseconds; 0 (keep every key) when not set."""
+    value = dict(settings).get(STATE_TTL)
+    return 0 if value is None else duration_ms(value)

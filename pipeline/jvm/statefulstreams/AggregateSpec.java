@@ -10,7 +10,7 @@ import java.util.List;
  *
  * <pre>{@code
  * new AggregateSpec().groupKey("group_key").member("key").op("op").groups(List.of("s0_accountId"))
- *     .aggregate("COUNT", "", "agg1").aggregate("SUM", "s0_amount", "agg2")
+ *     .aggregate("COUNT", "", "agg1").aggregate("SUM", "s0_amount", "agg2").stateTtlMs(3_600_000)
  * }</pre>
  */
 public final class AggregateSpec implements Serializable {
@@ -20,6 +20,7 @@ public final class AggregateSpec implements Serializable {
   final List<Aggregate> functions = new ArrayList<>();
   final List<String> inputs = new ArrayList<>();  // "" for COUNT(*)
   final List<String> outputs = new ArrayList<>();
+  long stateTtlMs;
 
   /** The (string) column the rows are grouped by: the group's values, encoded. */
   public AggregateSpec groupKey(String column) { groupKey = column; return this; }
@@ -32,6 +33,18 @@ public final class AggregateSpec implements Serializable {
 
   /** The group's columns, copied to its result rows. */
   public AggregateSpec groups(List<String> columns) { groups = List.copyOf(columns); return this; }
+
+  /**
+   * Flink's {@code table.exec.state.ttl} in milliseconds: a group not updated for that long
+   * (processing time) is dropped whole, members and last result; 0 (the default) keeps every group.
+   */
+  public AggregateSpec stateTtlMs(long millis) {
+    if (millis < 0) {
+      throw new IllegalArgumentException("stateTtlMs " + millis + " is negative; give 0 (no TTL) or more");
+    }
+    stateTtlMs = millis;
+    return this;
+  }
 
   /**
    * One more aggregate: {@code function} ({@link Aggregate}, any case) of the {@code input}

@@ -10,6 +10,7 @@ import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Encoders;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.catalyst.expressions.GenericRowWithSchema;
+import org.apache.spark.sql.streaming.ExpiredTimerInfo;
 import org.apache.spark.sql.streaming.MapState;
 import org.apache.spark.sql.streaming.OutputMode;
 import org.apache.spark.sql.streaming.StatefulProcessor;
@@ -42,15 +43,28 @@ import statefulstreams.Rows.Field;
  * primary key to its aggregated input columns) and {@code emitted} (ValueState, the last result
  * row sent downstream).
  *
+ * <p>State TTL ({@link AggregateSpec#stateTtlMs} above 0, Flink's {@code table.exec.state.ttl}):
+ * a group not updated for the TTL (processing time) is dropped whole, members and last result, as
+ * Flink drops a group's accumulator; nothing is sent for it but one {@code expire} row (the last
+ * result, op {@code expire}), which only HAVING's join reads (pipeline/sql/runner.py drops it
+ * otherwise). The group's one processing-time timer, at its last update plus the TTL, is moved on
+ * every update; a group whose deadline passed before its timer fired is dropped first when input
+ * arrives, so the input starts from empty state. A per-entry TTL on {@code members} would expire
+ * members one by one, which Flink does not. With 0: TimeMode.None, no timers, as before.
+ *
  * <p>Call order and guarantees (Spark calls {@code handleInputRows} once per group with input in
- * a batch; there are no timers):
+ * a batch, and {@code handleExpiredTimer} once per group whose TTL timer is due):
  * <ol>
+ *   <li>With a TTL, a group whose deadline passed is dropped (an {@code expire} row) before its
+ *       input applies.</li>
  *   <li>Every {@code before} row of the batch is removed from the members, then every
  *       {@code after} row is put in (UpsertJoin emits at most one of each per member and batch).</li>
  *   <li>The aggregates are computed from the members. A result that differs from the last one
  *       emitted is emitted with op {@code upsert}; a group left without members, which had a
  *       result, emits op {@code delete}; an unchanged result emits nothing.</li>
  *   <li>A row with any other op (a dead letter) is passed through, its aggregate columns null.</li>
+ *   <li>With a TTL, a group that changed gets its timer at now plus the TTL (the old one
+ *       deleted); a group left without members has none.</li>
  * </ol>
  * Output columns: the input's, then one column per aggregate; a result row has the group columns,
  * the op column and the aggregates set, the others null. COUNT is
@@ -108,11 +122,13 @@ public final class GroupAggregate extends StatefulProcessor<String, Row, Row> {
   }
 
   private final Columns columns;
+  private final long stateTtlMs;
   private transient MapState<String, Row> members;
   private transient ValueState<Row> emitted;
 
-  GroupAggregate(Columns columns) {
+  GroupAggregate(Columns columns, long stateTtlMs) {
     this.columns = columns;
+    this.stateTtlMs = stateTtlMs;
   }
 
   /**
@@ -122,7 +138,8 @@ public final class GroupAggregate extends StatefulProcessor<String, Row, Row> {
   public static Dataset<Row> apply(Dataset<Row> input, AggregateSpec spec) {
     Columns columns = new Columns(input.schema(), spec);
     return KeyedByColumn.group(input, spec.groupKey, Encoders.STRING(), "")
-        .transformWithState(new GroupAggregate(columns), TimeMode.None(), OutputMode.Append(),
+        .transformWithState(new GroupAggregate(columns, spec.stateTtlMs),
+            spec.stateTtlMs > 0 ? TimeMode.ProcessingTime() : TimeMode.None(), OutputMode.Append(),
             Encoders.row(columns.outputSchema));
   }
 
@@ -138,6 +155,13 @@ public final class GroupAggregate extends StatefulProcessor<String, Row, Row> {
                                                         TimerValues timerValues) {
     List<Row> added = new ArrayList<>();
     List<Row> out = new ArrayList<>();
+    long deadline = stateTtlMs > 0 ? currentDeadline() : -1;
+    if (deadline >= 0 && deadline <= timerValues.getCurrentProcessingTimeInMs()) {
+      // due, its timer not fired yet: the group is gone before this batch's input applies
+      getHandle().deleteTimer(deadline);
+      deadline = -1;
+      expire(out);
+    }
     Row sample = null;
     while (rows.hasNext()) {
       Row row = rows.next();
@@ -160,7 +184,8 @@ public final class GroupAggregate extends StatefulProcessor<String, Row, Row> {
       members.updateValue(columns.member.getString(row), memberRow(row));
     }
     Row last = emitted.exists() ? emitted.get() : null;
-    if (!members.exists() || !members.iterator().hasNext()) {
+    boolean empty = !members.exists() || !members.iterator().hasNext();
+    if (empty) {
       if (last != null) {
         out.add(Rows.with(last, columns.op, ChangeOp.DELETE.value, columns.outputSchema));
         emitted.clear();
@@ -172,7 +197,44 @@ public final class GroupAggregate extends StatefulProcessor<String, Row, Row> {
         out.add(result);
       }
     }
+    if (stateTtlMs > 0) {
+      // OnCreateAndWrite: every update moves the group's one deadline to now plus the TTL
+      if (deadline >= 0) {
+        getHandle().deleteTimer(deadline);
+      }
+      if (!empty) {
+        getHandle().registerTimer(timerValues.getCurrentProcessingTimeInMs() + stateTtlMs);
+      }
+    }
     return CollectionConverters.asScala(out.iterator());
+  }
+
+  /** The group's TTL ran out: its state dropped, nothing sent but the {@code expire} row. */
+  @Override
+  public scala.collection.Iterator<Row> handleExpiredTimer(String key, TimerValues timerValues,
+                                                           ExpiredTimerInfo expiredTimerInfo) {
+    List<Row> out = new ArrayList<>();
+    expire(out);
+    return CollectionConverters.asScala(out.iterator());
+  }
+
+  /** The group's registered deadline (it has at most one), or -1. */
+  private long currentDeadline() {
+    scala.collection.Iterator<Object> timers = getHandle().listTimers();
+    long deadline = -1;
+    while (timers.hasNext()) {
+      deadline = Math.max(deadline, ((Number) timers.next()).longValue());
+    }
+    return deadline;
+  }
+
+  /** Drops the group's members and last result; adds that result as op {@code expire} to {@code out}. */
+  private void expire(List<Row> out) {
+    if (emitted.exists()) {
+      out.add(Rows.with(emitted.get(), columns.op, ChangeOp.EXPIRE.value, columns.outputSchema));
+    }
+    members.clear();
+    emitted.clear();
   }
 
   private Row memberRow(Row row) {

@@ -11,7 +11,7 @@ import java.util.stream.Collectors;
  * <pre>{@code
  * new JoinSpec().key("key").side("side").op("op")
  *     .sides(List.of(List.of("s0_accountId", "s0_id"), List.of("s1_favoriteColor")))
- *     .readOrder(List.of("source_partition", "position")).emitBefore(true)
+ *     .readOrder(List.of("source_partition", "position")).emitBefore(true).stateTtlMs(3_600_000)
  * }</pre>
  */
 public final class JoinSpec implements Serializable {
@@ -20,6 +20,7 @@ public final class JoinSpec implements Serializable {
   List<List<String>> sides = List.of();
   List<String> readOrder = List.of();
   boolean emitBefore;
+  long stateTtlMs;
 
   /** The (string) key column the sides are joined on. */
   public JoinSpec key(String column) { key = column; return this; }
@@ -41,4 +42,16 @@ public final class JoinSpec implements Serializable {
 
   /** Whether a changed row's old joined row is emitted too (op {@code before}), for an aggregation. */
   public JoinSpec emitBefore(boolean emit) { emitBefore = emit; return this; }
+
+  /**
+   * Flink's {@code table.exec.state.ttl} in milliseconds: a side's row not written for that long
+   * (processing time) is dropped, each side on its own; 0 (the default) keeps every row.
+   */
+  public JoinSpec stateTtlMs(long millis) {
+    if (millis < 0) {
+      throw new IllegalArgumentException("stateTtlMs " + millis + " is negative; give 0 (no TTL) or more");
+    }
+    stateTtlMs = millis;
+    return this;
+  }
 }

@@ -1,6 +1,8 @@
 package statefulstreams;
 
+import java.time.Duration;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.List;
 
 import org.apache.spark.sql.Dataset;
@@ -30,7 +32,11 @@ import statefulstreams.Rows.Field;
  * row (other sides' columns are null).
  *
  * <p>State per key, in the RocksDB state store: one ValueState per side ({@code side0},
- * {@code side1}, …) with that side's value columns.
+ * {@code side1}, …) with that side's value columns. With {@link JoinSpec#stateTtlMs} above 0
+ * (Flink's {@code table.exec.state.ttl}), each side's ValueState has Spark's TTL in processing
+ * time: a side's row not written for the TTL reads as missing and Spark's state store drops it,
+ * each side on its own, with nothing emitted (Flink's regular join: each input side's state
+ * expires the TTL after it was last written). With 0, TimeMode.None and no TTL, as before.
  *
  * <p>Call order and guarantees (Spark calls {@code handleInputRows} once per key with input in a
  * batch; there are no timers):
@@ -44,6 +50,9 @@ import statefulstreams.Rows.Field;
  *       driving side was there before the batch and is gone now).</li>
  *   <li>A key whose driving side is missing before and after the batch emits nothing; its other
  *       sides are still kept, ready for the driving row.</li>
+ *   <li>An {@code expire} row (HAVING's join over {@link GroupAggregate}, whose group a TTL
+ *       dropped) drops the key's rows as they were before the batch, with nothing emitted for
+ *       them: the batch's other changes apply to an empty key, so no {@code before} row is sent.</li>
  *   <li>A row with any other op (a dead letter) is passed through unchanged and changes nothing.</li>
  * </ol>
  * A grouped aggregation reads {@code before} as the retraction of a row's old contribution and
@@ -77,11 +86,13 @@ public final class UpsertJoin extends StatefulProcessor<String, Row, Row> {
 
   private final Columns columns;
   private final boolean emitBefore;
+  private final long stateTtlMs;
   private transient List<ValueState<Row>> sides;
 
-  UpsertJoin(Columns columns, boolean emitBefore) {
+  UpsertJoin(Columns columns, boolean emitBefore, long stateTtlMs) {
     this.columns = columns;
     this.emitBefore = emitBefore;
+    this.stateTtlMs = stateTtlMs;
   }
 
   /**
@@ -92,15 +103,17 @@ public final class UpsertJoin extends StatefulProcessor<String, Row, Row> {
   public static Dataset<Row> apply(Dataset<Row> input, JoinSpec spec) {
     Columns columns = new Columns(input.schema(), spec);
     return KeyedByColumn.group(input, spec.key, Encoders.STRING(), "")
-        .transformWithState(new UpsertJoin(columns, spec.emitBefore), TimeMode.None(), OutputMode.Append(),
+        .transformWithState(new UpsertJoin(columns, spec.emitBefore, spec.stateTtlMs),
+            spec.stateTtlMs > 0 ? TimeMode.ProcessingTime() : TimeMode.None(), OutputMode.Append(),
             Encoders.row(columns.schema));
   }
 
   @Override
   public void init(OutputMode outputMode, TimeMode timeMode) {
     sides = new ArrayList<>();
+    TTLConfig ttl = stateTtlMs > 0 ? TTLConfig.apply(Duration.ofMillis(stateTtlMs)) : TTLConfig.NONE();
     for (int s = 0; s < columns.sideSchemas.length; s++) {
-      sides.add(getHandle().getValueState("side" + s, Encoders.row(columns.sideSchemas[s]), TTLConfig.NONE()));
+      sides.add(getHandle().getValueState("side" + s, Encoders.row(columns.sideSchemas[s]), ttl));
     }
   }
 
@@ -122,6 +135,12 @@ public final class UpsertJoin extends StatefulProcessor<String, Row, Row> {
       after[s] = before[s];
     }
     boolean[] touched = new boolean[count];
+    if (changes.stream().anyMatch(change -> opOf(change) == ChangeOp.EXPIRE)) {
+      Arrays.fill(before, null);
+      Arrays.fill(after, null);
+      Arrays.fill(touched, true);
+      changes.removeIf(change -> opOf(change) == ChangeOp.EXPIRE);
+    }
     for (Row change : changes) {
       int s = ((Number) columns.side.get(change)).intValue();
       touched[s] = true;
@@ -154,7 +173,7 @@ public final class UpsertJoin extends StatefulProcessor<String, Row, Row> {
   }
 
   private static boolean isChange(ChangeOp op) {
-    return op == ChangeOp.UPSERT || op == ChangeOp.DELETE;
+    return op == ChangeOp.UPSERT || op == ChangeOp.DELETE || op == ChangeOp.EXPIRE;
   }
 
   /** One output row: the key, the op, and each side's values (nulls for a missing side). */
