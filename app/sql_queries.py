@@ -1,9 +1,10 @@
 """DuckDB queries over the SQL pipelines' folders: their list, progress, and current results.
 
 Plain ``(connection, data_dir, …) -> DataFrame`` functions (and a list of pipelines). A
-pipeline's folder is ``<data_dir>/sql/<name>/`` (pipeline/store.py); its ``result`` sink holds
-one change row per key and batch (pipeline/sql/sink.py), so the current result is the latest
-row per ``_key`` when that row is an upsert. The sinks are Delta tables: their current files
+pipeline's folder is ``<data_dir>/sql/<name>/`` (pipeline/store.py); its ``result`` sink (in a
+statement set, one ``result_<target>`` sink per INSERT) holds one change row per key and batch
+(pipeline/sql/sink.py), so the current result is the latest row per ``_key`` when that row is
+an upsert. The sinks are Delta tables: their current files
 come from the Delta log (:func:`pipeline.sinks.table_files`), never from a glob.
 """
 
@@ -36,9 +37,11 @@ def _glob(data_dir: Path, name: str, sink: str) -> list[str] | None:
     return table_files(store.sql_dir(data_dir, name) / "sinks" / sink) or None
 
 
-def current_result(con, data_dir: Path, name: str, columns: list[str] | None = None) -> pd.DataFrame:
-    """The pipeline's current result table: the latest row per key, deleted keys left out."""
-    pattern = _glob(data_dir, name, "result")
+def current_result(con, data_dir: Path, name: str, columns: list[str] | None = None,
+                   sink: str = "result") -> pd.DataFrame:
+    """The pipeline's current result table (``sink``: a statement set's INSERT has its own, named
+    in ``pipeline.json``): the latest row per key, deleted keys left out."""
+    pattern = _glob(data_dir, name, sink)
     if pattern is None:
         return pd.DataFrame(columns=columns or [])
     frame = con.execute(
@@ -49,9 +52,9 @@ def current_result(con, data_dir: Path, name: str, columns: list[str] | None = N
     return frame[columns] if columns else frame
 
 
-def result_changes(con, data_dir: Path, name: str) -> pd.DataFrame:
-    """Every committed change row, oldest first (what the target topic received)."""
-    pattern = _glob(data_dir, name, "result")
+def result_changes(con, data_dir: Path, name: str, sink: str = "result") -> pd.DataFrame:
+    """Every committed change row of a result table, oldest first (what the target topic received)."""
+    pattern = _glob(data_dir, name, sink)
     if pattern is None:
         return pd.DataFrame()
     return con.execute("SELECT * FROM read_parquet(?, union_by_name = true, hive_partitioning = false) ORDER BY _batch_id, _key", [pattern]).df()

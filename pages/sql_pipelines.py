@@ -19,12 +19,36 @@ views.render_page_header(
 )
 
 
+def what_it_does(info: dict) -> str:
+    """One INSERT's kind in words: the statement itself is under "Statements"."""
+    if info["kind"] == "aggregate":
+        return "GROUP BY aggregation"
+    return "join" if len(info["sources"]) > 1 else "query"
+
+
+def into(info: dict) -> str:
+    return f"`{info['target']}` → {info['target_topic']} (key `{info['primary_key']}`)"
+
+
+def render_result(name: str, info: dict, sink: str) -> None:
+    result = fetch(sql_queries.current_result, data_dir=data_dir, name=name, sink=sink)
+    if result.empty:
+        views.render_empty_state(f"`{info['target']}` has no result rows yet: publish to its source topics.")
+    else:
+        st.markdown(f"**Current result of `{info['target']}`** ({len(result)} rows, latest row per "
+                    f"`{info['primary_key']}`)")
+        views.render_table(result)
+
+
 def render_pipeline(info: dict) -> None:
     name = info["name"]
     st.subheader(name)
     sources = ", ".join(f"`{table}` ← {topic}" for table, topic in info["sources"].items())
-    st.caption(f"{'GROUP BY aggregation' if info['kind'] == 'aggregate' else 'LEFT JOIN'} of {sources} "
-               f"into `{info['target']}` → {info['target_topic']} (key `{info['primary_key']}`)")
+    inserts = info.get("inserts")
+    if inserts:
+        st.caption(f"statement set of {len(inserts)} INSERTs, one query reading {sources} once per batch")
+    else:
+        st.caption(f"{what_it_does(info)} of {sources} into {into(info)}")
     totals = fetch(sql_queries.pipeline_totals, data_dir=data_dir, name=name)
     lag = totals["lag"]
     views.render_metric_cards([
@@ -40,12 +64,12 @@ def render_pipeline(info: dict) -> None:
     with st.expander("Statements"):
         for statement in info["statements"]:
             st.code(statement, language="sql")
-    result = fetch(sql_queries.current_result, data_dir=data_dir, name=name)
-    if result.empty:
-        views.render_empty_state(f"`{name}` has no result rows yet: publish to its source topics.")
+    if inserts:
+        for insert in inserts:
+            st.markdown(f"INSERT INTO {into(insert)}: {what_it_does(insert)}")
+            render_result(name, insert, insert["sink"])
     else:
-        st.markdown(f"**Current result** ({len(result)} rows, latest row per `{info['primary_key']}`)")
-        views.render_table(result)
+        render_result(name, info, "result")
     dead = fetch(sql_queries.dead_letters, data_dir=data_dir, name=name)
     if not dead.empty:
         st.markdown("**Dead letters**")

@@ -11,8 +11,6 @@ import duckdb
 import pulsar
 
 from app.sql_queries import current_result
-from pipeline import store
-from pipeline.sinks import table_files
 from pipeline.sql.runner import run_sql_pipeline
 
 SQL_DIR = Path(__file__).resolve().parent.parent / "data" / "sql"
@@ -90,24 +88,5 @@ def result(settings, name: str, sink: str = "result") -> list[dict]:
     """The current result as records, SQL NULL as None (pandas reads a null double as NaN); a
     statement set's INSERT has its own sink, ``result_<target>``."""
     with duckdb.connect() as con:
-        frame = current_result(con, settings.data_dir, name) if sink == "result" else sink_result(con, settings, name, sink)
+        frame = current_result(con, settings.data_dir, name, sink=sink)
     return frame.astype(object).where(frame.notna(), None).to_dict("records")
-
-
-def sink_changes(con, settings, name: str, sink: str):
-    """Every committed change row of one of a pipeline's result tables."""
-    files = table_files(store.sql_dir(settings.data_dir, name) / "sinks" / sink)
-    if not files:
-        return None
-    return con.execute("SELECT * FROM read_parquet(?, union_by_name = true) ORDER BY _batch_id, _key", [files]).df()
-
-
-def sink_result(con, settings, name: str, sink: str):
-    """The latest row per key of one of a pipeline's result tables, deleted keys left out."""
-    changes = sink_changes(con, settings, name, sink)
-    if changes is None:
-        import pandas as pd
-
-        return pd.DataFrame()
-    latest = changes.drop_duplicates("_key", keep="last").sort_values("_key")
-    return latest[latest["_op"] == "upsert"].drop(columns=["_op", "_batch_id", "_key", "_changed_at"]).reset_index(drop=True)

@@ -62,3 +62,37 @@ def test_the_page_shows_the_current_result_and_the_totals(monkeypatch, tmp_path)
     shown = app.dataframe[0].value
     assert shown.to_dict("records") == [{"accountId": "101", "userCount": 3}]
     assert any("INSERT INTO user_count_by_account" in code.value for code in app.code)
+
+
+def test_a_statement_set_shows_each_inserts_current_result(monkeypatch, tmp_path):
+    """A statement set writes one result table per INSERT (``result_<target>``); the page shows
+    each, under its INSERT, with deletes applied."""
+    from pipeline.sql.script import build_pipeline
+    from pipeline.sql.sink import result_schema
+    from pipeline.sql.statement_set import result_sink
+    from sqlhelp import SQL_DIR
+
+    plans = build_pipeline((SQL_DIR / "account_counts_and_named_users.sql").read_text())
+    root = store.sql_dir(tmp_path, "set")
+    root.mkdir(parents=True)
+    (root / PIPELINE_FILE).write_text(json.dumps(describe_pipeline(plans, "set")))
+    sinks = [result_sink(plans, i) for i in range(len(plans))]
+    writer = SqlSinkWriter(root, sinks)
+
+    def changes(plan, batch_id: int, rows: list[dict]) -> pa.Table:
+        schema = result_schema(plan)
+        full = [{**{name: None for name in schema.names}, **row, "_batch_id": batch_id} for row in rows]
+        return pa.Table.from_pylist(full, schema=schema)
+
+    writer.commit_batch({
+        sinks[0]: changes(plans[0], 0, [{"_key": "100", "_op": "upsert", "accountId": "100", "userCount": 2}]),
+        sinks[1]: changes(plans[1], 0, [{"_key": "u1", "_op": "upsert", "uid": "u1", "accountId": "100", "name": "ADA"},
+                                        {"_key": "u2", "_op": "upsert", "uid": "u2", "accountId": "100", "name": "BO"}]),
+    }, 0)
+    writer.commit_batch({sinks[1]: changes(plans[1], 1, [{"_key": "u2", "_op": "delete"}])}, 1)
+    app = open_page(monkeypatch, tmp_path)
+    assert "statement set of 2 INSERTs" in " ".join(caption.value for caption in app.caption)
+    shown = [frame.value.to_dict("records") for frame in app.dataframe]
+    assert shown == [[{"accountId": "100", "userCount": 2}], [{"uid": "u1", "accountId": "100", "name": "ADA"}]]
+    headings = " ".join(str(markdown.value) for markdown in app.markdown)
+    assert "INSERT INTO `user_count_by_account`" in headings and "INSERT INTO `user_names`" in headings

@@ -9,10 +9,10 @@ import signal
 import duckdb
 import pytest
 
-from app.sql_queries import dead_letters
+from app.sql_queries import dead_letters, result_changes
 from factories import publish
 from pipeline.sql.script import build_pipeline
-from sqlhelp import SQL_DIR, Running, fresh_topics, latest_per_key, message, read_topic, result, sink_changes
+from sqlhelp import SQL_DIR, Running, fresh_topics, latest_per_key, message, read_topic, result
 from test_sql_pipeline import PipelineProcess
 from waiting import wait_for
 
@@ -111,5 +111,5 @@ def test_kill_9_in_the_middle_of_a_statement_set_loses_and_duplicates_nothing(se
     assert latest_per_key(read_topic(url, topics["user_names"])) == expected_named
     with duckdb.connect() as con:
         for sink in (COUNTS, NAMED):
-            changes = sink_changes(con, settings, "set9", sink)
+            changes = result_changes(con, settings.data_dir, "set9", sink)
             assert not changes.duplicated(["_key", "_batch_id"]).any(), sink  # each committed batch once
