@@ -298,6 +298,11 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_changelog_of_each_statement(case, settings_factory, broker, spark):
+    check_changelog(case, settings_factory, broker, spark)
+
+
+def check_changelog(case: Case, settings_factory, broker, spark) -> None:
+    """Run the case's steps through its pipeline; assert each step's changelog and the current result."""
     settings = settings_factory(job__restart__delay="3s")  # rides out a loaded machine
     topics = fresh_topics("users", "out", *(name for name, _, _ in case.joined))
     url = broker.service_url

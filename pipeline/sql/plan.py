@@ -93,6 +93,7 @@ class Plan:
     group_labels: tuple[str, ...] = ()  # the GROUP BY items as written
     inner: tuple[int, ...] = ()  # the sides joined by an [INNER] JOIN: a result row needs their row
     settings: tuple[tuple[str, str], ...] = ()  # the script's SET 'key' = 'value' (pipeline/sql/settings.py)
+    foreign_key: str | None = None  # a foreign-key join: the driving table's column equated with sides[1]'s key
 
     @property
     def derived_on_joined_rows(self) -> bool:
@@ -165,20 +166,27 @@ def build_query(insert: exp.Insert, tables: dict[str, Table], statements: tuple[
                                  f"supported yet; supported: {SHAPES}")
     sides = [_table(tables, driving.name, "FROM")]
     aliases = {(driving.alias_or_name).lower(): 0, driving.name.lower(): 0}
-    inner = []
-    for join in select.args.get("joins") or []:
-        side = _join(join, tables, sides, aliases)
+    inner, foreign_key = [], None
+    joins = select.args.get("joins") or []
+    for join in joins:
+        side, referencing = _join(join, tables, sides, aliases)
         if join.side != "LEFT":
             inner.append(side)
         aliases[join.this.alias_or_name.lower()] = side
         aliases[join.this.name.lower()] = side
+        foreign_key = foreign_key or referencing
     group = select.args.get("group")
     query = Query(sides, aliases, metadata=not group)
     where = select.args.get("where")
     where_sql, where_joined = query.where(where.this) if where else (None, None)
+    if foreign_key:
+        from pipeline.sql.foreign_key import check_foreign_key_join
+        check_foreign_key_join(joins, group, where_joined, settings or {})
+        query.reads.append((0, foreign_key))
     # an inner join as Flink means it on upsert tables: the joined row is there while each inner
-    # side has its row, and retracted (filter_joined, as a WHERE on a joined table) when one goes
-    present = [f"`{present_field(side)}`" for side in inner] + ([where_joined] if where_joined else [])
+    # side has its row, and retracted (filter_joined, as a WHERE on a joined table) when one goes;
+    # a foreign-key join's operator decides that itself (pipeline/sql/foreign_key.py)
+    present = [f"`{present_field(side)}`" for side in inner if not foreign_key] + ([where_joined] if where_joined else [])
     where_joined = None if not present else present[0] if len(present) == 1 else f"({' AND '.join(present)})"
     having = select.args.get("having")
     if having and not group:
@@ -192,7 +200,7 @@ def build_query(insert: exp.Insert, tables: dict[str, Table], statements: tuple[
                 where=where_sql, where_joined=where_joined, having=having_sql, derived=tuple(query.derived), aggregates=tuple(query.aggregates),
                 group_fields=tuple(query.group_fields), reads=tuple(query.reads),
                 group_labels=tuple(g.sql(dialect=Flink) for g in (group.expressions if group else [])), inner=tuple(inner),
-                settings=tuple(sorted((settings or {}).items())))
+                settings=tuple(sorted((settings or {}).items())), foreign_key=foreign_key)
     _check_key(plan)
     _check_types(plan)
     return plan
@@ -263,7 +271,8 @@ def resolve_column(column: exp.Expression, sides: list[Table], aliases: dict[str
     return side, declared.name
 
 
-def _join(join: exp.Join, tables: dict[str, Table], sides: list[Table], aliases: dict[str, int]) -> int:
+def _join(join: exp.Join, tables: dict[str, Table], sides: list[Table], aliases: dict[str, int]) -> tuple[int, str | None]:
+    """(the joined table's side index, the driving table's column of a foreign-key join or None)."""
     text = join.sql(dialect=Flink)
     left = join.side == "LEFT" and join.kind in ("", "OUTER")
     inner = not join.side and join.kind in ("", "INNER")
@@ -282,11 +291,15 @@ def _join(join: exp.Join, tables: dict[str, Table], sides: list[Table], aliases:
         raise UnsupportedSql(f"{text.strip()!r}: ON must be one equality of primary keys; supported: {JOINS}")
     ends = sorted((resolve_column(condition.this, sides, scope, "ON"), resolve_column(condition.expression, sides, scope, "ON")))
     (left, left_col), (right, right_col) = ends
-    if left != 0 or right != index or left_col.lower() != sides[0].primary_key.lower() \
-            or right_col.lower() != table.primary_key.lower():
-        raise UnsupportedSql(f"{text.strip()!r}: ON must equate {sides[0].name}.{sides[0].primary_key} with "
-                             f"{table.name}.{table.primary_key}; supported: JOINs on the primary keys")
-    return index
+    if left != 0 or right != index or right_col.lower() != table.primary_key.lower():
+        raise UnsupportedSql(f"{text.strip()!r}: ON must equate a column of {sides[0].name} with "
+                             f"{table.name}.{table.primary_key}; supported: JOINs on the driving table's "
+                             "primary key or on a foreign key of it")
+    if left_col.lower() == sides[0].primary_key.lower():
+        return index, None
+    from pipeline.sql.foreign_key import check_foreign_key_types
+    check_foreign_key_types(text.strip(), sides[0], left_col, table)
+    return index, left_col
 
 
 def _check_key(plan: Plan) -> None:

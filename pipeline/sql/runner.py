@@ -34,6 +34,7 @@ from pipeline.runtime.freed_memory import give_back_freed_memory
 from pipeline.metrics import MetricsStore, prune_old_days
 from pipeline.sinks import SinkMaintenance, last_committed_batch
 from pipeline.sql.envelope import envelope_ddl, field_name, make_parser, used_columns
+from pipeline.sql.foreign_key import apply_foreign_key_join
 from pipeline.sql.plan import Plan, present_field
 from pipeline.sql.progress import build_sql_progress_row
 from pipeline.sql.settings import state_ttl_ms
@@ -68,6 +69,8 @@ def plan_fingerprint(plan: Plan) -> str:
     if (plan.where or plan.where_joined or plan.having or plan.derived or any(o.expression for o in plan.outputs)
             or len(plan.group_fields) > 1):
         parts.append(computed)  # a plan of plain columns and aggregates keeps the fingerprint it had
+    if plan.foreign_key:
+        parts.append(["foreign key", plan.foreign_key])  # two operators keyed otherwise than a key join's one
     if state_ttl_ms(plan.settings):
         # TTL'd state and timers are another layout (its length is not: it may change on a restart)
         parts.append("state ttl")
@@ -155,7 +158,8 @@ def apply_operators(rows, plan: Plan):
     join = (jvm.JoinSpec().key("key").side("side").op("op").sides(sides)
             .readOrder(["source_partition", "position"]).emitBefore(aggregate or plan.where_joined is not None)
             .stateTtlMs(ttl_ms))
-    out = DataFrame(jvm.UpsertJoin.apply(rows._jdf, join), spark)
+    out = (apply_foreign_key_join(rows, plan, sides) if plan.foreign_key
+           else DataFrame(jvm.UpsertJoin.apply(rows._jdf, join), spark))
     if aggregate and plan.derived_on_joined_rows:
         out = apply_joined_where(out, plan)
     elif plan.where_joined:

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 from pipeline.errors import SinkError
 from pipeline.sinks import SCHEMAS, TS, DeltaSinks
 from pipeline.sql.envelope import field_name
+from pipeline.sql.foreign_key import resolve_retractions
 from pipeline.sql.plan import Plan
 
 SQL_SINKS = ("result", "dead_letter")
@@ -75,6 +76,8 @@ def filter_joined(rows: pa.Table) -> pa.Table:
 def build_result(plan: Plan, rows: pa.Table, batch_id: int, now_ms: int) -> pa.Table:
     """The batch's ``result`` rows from the query's output rows (upserts and deletes only)."""
     schema = result_schema(plan)
+    if plan.foreign_key and rows.num_rows:
+        rows = resolve_retractions(rows)
     if ((plan.where_joined and plan.kind == "join") or plan.having) and rows.num_rows:
         rows = filter_joined(rows)
     ops = rows["op"]

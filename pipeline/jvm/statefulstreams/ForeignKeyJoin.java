@@ -1,0 +1,200 @@
+package statefulstreams;
+
+import java.util.ArrayList;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+
+import org.apache.spark.sql.Dataset;
+import org.apache.spark.sql.Encoders;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.catalyst.expressions.GenericRowWithSchema;
+import org.apache.spark.sql.streaming.MapState;
+import org.apache.spark.sql.streaming.OutputMode;
+import org.apache.spark.sql.streaming.StatefulProcessor;
+import org.apache.spark.sql.streaming.TTLConfig;
+import org.apache.spark.sql.streaming.TimeMode;
+import org.apache.spark.sql.streaming.TimerValues;
+import org.apache.spark.sql.streaming.ValueState;
+import org.apache.spark.sql.types.StructType;
+
+import scala.Tuple2;
+import scala.jdk.javaapi.CollectionConverters;
+
+import statefulstreams.Rows.Field;
+
+/**
+ * A foreign-key join of upsert tables: the driving table's rows joined, on one of their columns,
+ * to the referenced table's row with that primary key, keyed here by the foreign key value.
+ *
+ * <p>Python describes it with column names ({@link ForeignKeySpec}) and feeds it two kinds of
+ * rows, keyed by the foreign-key column (pipeline/sql/foreign_key.py):
+ * <ul>
+ *   <li>a driving row's versions from {@link UpsertJoin} with {@code emitBefore}: {@code before}
+ *       (its version before the batch, under its old foreign key) and {@code after} (its version
+ *       now, under its new one), the key column holding its primary key;</li>
+ *   <li>the referenced table's changes, {@code upsert} or {@code delete}, under its own key.</li>
+ * </ul>
+ *
+ * <p>State per foreign key value, in the RocksDB state store: {@code referencing} (MapState from
+ * each driving row's primary key to its value columns) and {@code referenced} (ValueState, the
+ * referenced row).
+ *
+ * <p>Call order and guarantees (Spark calls {@code handleInputRows} once per foreign key value
+ * with input in a batch; there are no timers):
+ * <ol>
+ *   <li>The referenced row's changes apply in read order (the order columns): the last wins.</li>
+ *   <li>Every {@code before} row's driving key is removed from {@code referencing}, then every
+ *       {@code after} row is put in (UpsertJoin emits at most one of each per key and batch).</li>
+ *   <li>The driving keys decided are those with a {@code before} or {@code after} row, and, when
+ *       the referenced row changed, every key held before or after. Each gets the joined row now,
+ *       op {@code after}, when it is held and (LEFT) always or (INNER) the referenced row is
+ *       there, its columns null when it is not; otherwise, op {@code retract} (value columns
+ *       null) when its joined row was sent: it was held before the batch and (LEFT) always or
+ *       (INNER) the referenced row was there before the batch; otherwise nothing.</li>
+ *   <li>A row with any other op (a dead letter) is passed through unchanged and changes nothing.</li>
+ * </ol>
+ * A driving row that moves to another foreign key value in a batch gets a {@code retract} from
+ * the old value and an {@code after} from the new one; the reader keeps the {@code after}.
+ */
+public final class ForeignKeyJoin extends StatefulProcessor<String, Row, Row> {
+  private static final long serialVersionUID = 1L;
+
+  /** A {@link ForeignKeySpec}'s columns found in the row schema (shared by input and output rows). */
+  static final class Columns implements java.io.Serializable {
+    private static final long serialVersionUID = 1L;
+    final StructType schema, drivingSchema, referencedSchema;
+    final Field key, op;
+    final Field[] driving, referenced, order;
+
+    Columns(StructType schema, ForeignKeySpec spec) {
+      this.schema = schema;
+      this.key = new Field(schema, spec.key);
+      this.op = new Field(schema, spec.op);
+      this.driving = Field.all(schema, spec.driving);
+      this.referenced = Field.all(schema, spec.referenced);
+      this.order = Field.all(schema, spec.readOrder);
+      this.drivingSchema = Rows.schemaOf(schema, driving);
+      this.referencedSchema = Rows.schemaOf(schema, referenced);
+    }
+  }
+
+  private final Columns columns;
+  private final boolean inner;
+  private transient MapState<String, Row> referencing;
+  private transient ValueState<Row> referencedRow;
+
+  ForeignKeyJoin(Columns columns, boolean inner) {
+    this.columns = columns;
+    this.inner = inner;
+  }
+
+  /**
+   * The join as a streaming Dataset: {@code input} grouped by the (string) foreign-key column and
+   * run through {@code transformWithState}, append mode; the output has the input's schema.
+   * Called on the driver, from Python through py4j.
+   */
+  public static Dataset<Row> apply(Dataset<Row> input, ForeignKeySpec spec) {
+    Columns columns = new Columns(input.schema(), spec);
+    return KeyedByColumn.group(input, spec.foreignKey, Encoders.STRING(), "")
+        .transformWithState(new ForeignKeyJoin(columns, spec.inner), TimeMode.None(), OutputMode.Append(),
+            Encoders.row(columns.schema));
+  }
+
+  @Override
+  public void init(OutputMode outputMode, TimeMode timeMode) {
+    referencing = getHandle().getMapState("referencing", Encoders.STRING(), Encoders.row(columns.drivingSchema),
+        TTLConfig.NONE());
+    referencedRow = getHandle().getValueState("referenced", Encoders.row(columns.referencedSchema), TTLConfig.NONE());
+  }
+
+  @Override
+  public scala.collection.Iterator<Row> handleInputRows(String foreignKey, scala.collection.Iterator<Row> rows,
+                                                        TimerValues timerValues) {
+    List<Row> out = new ArrayList<>();
+    List<Row> leaving = new ArrayList<>();
+    List<Row> arriving = new ArrayList<>();
+    List<Row> references = new ArrayList<>();
+    while (rows.hasNext()) {
+      Row row = rows.next();
+      ChangeOp op = ChangeOp.of(columns.op.getString(row));
+      if (op == ChangeOp.BEFORE) {
+        leaving.add(row);
+      } else if (op == ChangeOp.AFTER) {
+        arriving.add(row);
+      } else if (op == ChangeOp.UPSERT || op == ChangeOp.DELETE) {
+        references.add(row);
+      } else {
+        out.add(row);
+      }
+    }
+    if (leaving.isEmpty() && arriving.isEmpty() && references.isEmpty()) {
+      return CollectionConverters.asScala(out.iterator());
+    }
+    Row before = referencedRow.exists() ? referencedRow.get() : null;
+    Row after = before;
+    references.sort(Rows.readOrder(columns.order));
+    for (Row change : references) {
+      boolean deleted = ChangeOp.of(columns.op.getString(change)) == ChangeOp.DELETE;
+      after = deleted ? null : Rows.project(change, columns.referenced, columns.referencedSchema);
+    }
+    if (!references.isEmpty()) {
+      if (after == null) {
+        referencedRow.clear();
+      } else {
+        referencedRow.update(after);
+      }
+    }
+    // each driving key decided, and whether it was held before the batch
+    Map<String, Boolean> held = new LinkedHashMap<>();
+    if (!references.isEmpty() && referencing.exists()) {
+      scala.collection.Iterator<Tuple2<String, Row>> all = referencing.iterator();
+      while (all.hasNext()) {
+        held.put(all.next()._1(), Boolean.TRUE);
+      }
+    }
+    for (List<Row> changes : List.of(leaving, arriving)) {
+      for (Row change : changes) {
+        String key = columns.key.getString(change);
+        held.computeIfAbsent(key, k -> referencing.containsKey(k));
+      }
+    }
+    for (Row change : leaving) {
+      referencing.removeKey(columns.key.getString(change));
+    }
+    for (Row change : arriving) {
+      referencing.updateValue(columns.key.getString(change),
+          Rows.project(change, columns.driving, columns.drivingSchema));
+    }
+    boolean sentBefore = !inner || before != null;
+    boolean sendNow = !inner || after != null;
+    for (Map.Entry<String, Boolean> entry : held.entrySet()) {
+      String key = entry.getKey();
+      Row now = sendNow && referencing.containsKey(key) ? referencing.getValue(key) : null;
+      if (now != null) {
+        out.add(joined(key, now, after, ChangeOp.AFTER));
+      } else if (entry.getValue() && sentBefore) {
+        out.add(joined(key, null, null, ChangeOp.RETRACT));
+      }
+    }
+    return CollectionConverters.asScala(out.iterator());
+  }
+
+  /** One output row: the driving key, the op, and the two rows' values (nulls for a missing one). */
+  private Row joined(String key, Row drivingRow, Row referenced, ChangeOp op) {
+    Object[] values = new Object[columns.schema.length()];
+    columns.key.set(values, key);
+    columns.op.set(values, op.value);
+    if (drivingRow != null) {
+      for (int i = 0; i < columns.driving.length; i++) {
+        columns.driving[i].set(values, drivingRow.get(i));
+      }
+    }
+    if (referenced != null) {
+      for (int i = 0; i < columns.referenced.length; i++) {
+        columns.referenced[i].set(values, referenced.get(i));
+      }
+    }
+    return new GenericRowWithSchema(values, columns.schema);
+  }
+}
