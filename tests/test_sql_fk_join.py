@@ -8,9 +8,14 @@ the topic must show only the new row.
 
 from __future__ import annotations
 
+import pulsar
 import pytest
 
+from pipeline.sql.plan import build_plan
+from pipeline.sql.samples import load_samples, publish_samples
+from sqlhelp import SQL_DIR, Running, fresh_topics, latest_per_key, read_topic
 from test_sql_semantics import Case, check_changelog, row
+from waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -75,3 +80,27 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_changelog_of_each_foreign_key_join(case, settings_factory, broker, spark):
     check_changelog(case, settings_factory, broker, spark)
+
+
+def test_the_foreign_key_example_ends_with_each_user_and_their_accounts_row_now(settings_factory, broker, spark):
+    # data/sql/users_with_their_account: a plan change, a user's move, a late account, an account's
+    # and a user's delete; whatever the batches, the result ends the same
+    topics = fresh_topics("users", "accounts", "users_with_their_account")
+    plan = build_plan((SQL_DIR / "users_with_their_account.sql").read_text(), topics)
+    client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        publish_samples(client, load_samples(SQL_DIR / "users_with_their_account.messages.jsonl", plan))
+    finally:
+        client.close()
+    expected = [
+        {"userUid": "100-2", "fullName": "alice", "accountId": "101", "accountName": None, "accountPlan": "none"},
+        {"userUid": "101-1", "fullName": "carol", "accountId": "101", "accountName": None, "accountPlan": "none"},
+        {"userUid": "102-1", "fullName": "dan", "accountId": "102", "accountName": "Initech", "accountPlan": "free"},
+    ]
+    settings = settings_factory(job__restart__delay="3s")
+    with Running(settings, plan, "fk-example", spark) as running:
+        current = wait_for(lambda: (rows := sorted(running.result(settings, "fk-example"), key=lambda r: r["userUid"]))
+                           == expected and rows, 180, what="the example's result")
+    assert current == expected
+    on_topic = latest_per_key(read_topic(broker.service_url, topics["users_with_their_account"]))
+    assert [on_topic[r["userUid"]] for r in expected] == expected and sorted(on_topic) == [r["userUid"] for r in expected]

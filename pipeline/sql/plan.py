@@ -18,7 +18,8 @@ The supported subset (DESIGN.md §11):
     [JOIN …]… [WHERE …] GROUP BY g… [HAVING …]`` (the target's primary key is the group column,
     or one expression of every group column; over JOINs, the joined rows are grouped);
   - ``SELECT expressions FROM t [a] [LEFT [OUTER] | [INNER] JOIN t2 [b] ON a.pk = b.pk]… [WHERE …]``
-    (every join on the two tables' primary keys; WHERE's conditions on the driving table run
+    (every join on the two tables' primary keys, or one join of the driving table's column to the
+    joined table's primary key, a foreign-key join: pipeline/sql/foreign_key.py; WHERE's conditions on the driving table run
     before the operators, the others on the joined rows, with an inner join's "its side has a
     row"; the target's primary key is the driving table's).
   Expressions are translated to Spark SQL (pipeline/sql/expressions.py, pipeline/sql/select.py)
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
 AGGREGATES = {exp.Count: "COUNT", exp.Sum: "SUM", exp.Min: "MIN", exp.Max: "MAX"}
 SHAPES = ("SELECT … FROM t [JOIN …] [WHERE …] GROUP BY … [HAVING …] with COUNT, SUM, MIN, MAX, AVG; "
           "or SELECT … FROM t [[LEFT|INNER] JOIN t2 ON t.pk = t2.pk …] [WHERE …]")
-JOINS = "LEFT [OUTER] JOIN or [INNER] JOIN table ON a.pk = b.pk"
+JOINS = "LEFT [OUTER] JOIN or [INNER] JOIN table ON a.pk = b.pk (or ON a.fk = b.pk, alone)"
 __all__ = ["UnsupportedSql", "build_plan", "build_table", "Plan", "Table", "Column", "Output", "field_name", "present_field",
            "resolve_column"]
 
