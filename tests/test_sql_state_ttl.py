@@ -1,0 +1,181 @@
+"""``table.exec.state.ttl`` in the Java operators (Spark, no broker): what expires, and when.
+
+Each test streams change rows from JSON files through one operator (pipeline/jvm/statefulstreams/)
+and reads what each step emits. Flink's semantics (state TTL, OnCreateAndWrite, processing time):
+a join side's row expires the TTL after it was last written, each side on its own; a group expires
+whole the TTL after it was last updated; expiry emits nothing, and a later change of the key starts
+from empty state. Steps wait on the clock (a deadline condition) so that a step's micro-batch
+starts at a known distance from an earlier step's, which is all Spark's processing time is.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from waiting import wait_for
+
+TTL_MS = 20_000  # long beside a loaded machine's batches (seconds apart): the steps' timings hold
+JOIN_SCHEMA = "key STRING, side INT, op STRING, source_partition BIGINT, position BIGINT, s0_a STRING, s1_b STRING"
+AGG_SCHEMA = "key STRING, group_key STRING, op STRING, g STRING, v BIGINT"
+
+
+class Steps:
+    """A streaming query over a folder of JSON files: :meth:`run` adds one file and returns the
+    rows its micro-batch, and the batches without data Spark ran meanwhile (a TTL's processing-time
+    mode runs one per trigger), emitted."""
+
+    def __init__(self, spark, tmp_path: Path, schema: str, operator):
+        from pyspark.sql import DataFrame
+
+        self.folder, self.count, self.emitted = tmp_path / "in", 0, []
+        self.folder.mkdir(parents=True)
+        rows = spark.readStream.schema(schema).json(str(self.folder))
+        out = DataFrame(operator(spark._jvm.statefulstreams, rows._jdf), spark)
+        self.query = (out.writeStream.foreachBatch(lambda frame, _batch: self.emitted.extend(
+                          r.asDict() for r in frame.collect()))
+                      .option("checkpointLocation", str(tmp_path / "checkpoint"))
+                      .trigger(processingTime="200 milliseconds").start())
+        self.batch_ms = 0  # the processing time of the last step's batch (its start)
+
+    def step_batch_ms(self) -> int | None:
+        """The processing time of the committed batch that read the last step's file, if any."""
+        if self.query.exception() is not None:
+            raise AssertionError(f"the query failed: {self.query.exception()}")
+        for progress in self.query.recentProgress:
+            offset = progress["sources"][0]["endOffset"] if progress["sources"] else None
+            offset = json.loads(offset) if isinstance(offset, str) else offset
+            if offset and offset["logOffset"] + 1 >= self.count:
+                stamp = datetime.fromisoformat(progress["timestamp"].replace("Z", "+00:00"))
+                return int(stamp.timestamp() * 1000)
+        return None
+
+    def run(self, rows: list[dict], not_before_ms: int = 0) -> list[dict]:
+        """Rows of one step, published once the clock reads ``not_before_ms`` (0: at once)."""
+        wait_for(lambda: time.time() * 1000 >= not_before_ms, TTL_MS * 3 / 1000, 0.05, "the step's time")
+        self.emitted.clear()
+        self.count += 1
+        staged = self.folder / f".step{self.count}.tmp"
+        staged.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        staged.rename(self.folder / f"step{self.count}.json")
+        self.batch_ms = wait_for(self.step_batch_ms, 120, 0.05, f"step {self.count}'s batch")
+        return list(self.emitted)
+
+    def stop(self) -> None:
+        self.query.stop()
+
+
+@pytest.fixture
+def steps_of(spark, tmp_path):
+    made = []
+
+    def make(schema: str, operator) -> Steps:
+        made.append(Steps(spark, tmp_path / f"q{len(made)}", schema, operator))
+        return made[-1]
+
+    yield make
+    for steps in made:
+        steps.stop()
+
+
+def change(key: str, side: int, position: int, op: str = "upsert", **values) -> dict:
+    return {"key": key, "side": side, "op": op, "source_partition": 0, "position": position, **values}
+
+
+def joined(rows: list[dict]) -> list[tuple]:
+    return sorted((r["key"], r["op"], r["s0_a"], r["s1_b"]) for r in rows)
+
+
+def build_join(ttl_ms: int):
+    def operator(jvm, rows):
+        spec = (jvm.JoinSpec().key("key").side("side").op("op").sides([["s0_a"], ["s1_b"]])
+                .readOrder(["source_partition", "position"]).emitBefore(False).stateTtlMs(ttl_ms))
+        return jvm.UpsertJoin.apply(rows, spec)
+    return operator
+
+
+def test_a_join_side_not_written_for_the_ttl_is_dropped_on_its_own_and_nothing_is_sent(steps_of):
+    steps = steps_of(JOIN_SCHEMA, build_join(TTL_MS))
+    steps.run([change("warm-up", 0, 0, s0_a="w")])  # the first batch is the slow one
+    # k1 and k2: both sides now, then only side 1 of k1 and side 0 of k2 written again; k3 and k4 never again
+    assert joined(steps.run([change("k1", 0, 1, s0_a="a1"), change("k1", 1, 2, s1_b="b1"),
+                             change("k2", 0, 3, s0_a="a2"), change("k2", 1, 4, s1_b="b2"),
+                             change("k3", 0, 5, s0_a="a3"), change("k4", 0, 6, s0_a="a4"),
+                             change("k4", 1, 7, s1_b="b4")])) == [
+        ("k1", "after", "a1", "b1"), ("k2", "after", "a2", "b2"), ("k3", "after", "a3", None),
+        ("k4", "after", "a4", "b4")]
+    first = steps.batch_ms
+    assert joined(steps.run([change("k1", 1, 8, s1_b="b1+"), change("k2", 0, 9, s0_a="a2+")],
+                            not_before_ms=first + TTL_MS // 2)) == [
+        ("k1", "after", "a1", "b1+"), ("k2", "after", "a2+", "b2")]
+    second = steps.batch_ms
+    # past the TTL of the first step's writes, not of the second's; expiry itself sent nothing
+    third = steps.run([change("k1", 0, 10, s0_a="a1+"), change("k2", 1, 11, s1_b="b2+"),
+                       change("k3", 0, 12, op="delete"), change("k4", 1, 13, s1_b="b4+")],
+                      not_before_ms=first + TTL_MS + 300)
+    assert steps.batch_ms < second + TTL_MS, "the machine took longer than TTL_MS / 2 to start a batch"
+    assert joined(third) == [
+        ("k1", "after", "a1+", "b1+"),  # k1's side 0 had expired; side 1, written since, is still there
+        ("k2", "after", "a2+", "b2+")]  # k2's side 1 had expired and is written anew; side 0 stayed
+    # k3: a delete of an expired driving row sends nothing (Flink's ChangelogNormalize has no state
+    # for it); k4: a change of side 1 alone finds no driving row and sends nothing
+    assert joined(steps.run([change("k4", 0, 14, s0_a="a4+")])) == [("k4", "after", "a4+", "b4+")]
+
+
+def test_a_join_without_a_ttl_keeps_every_side(steps_of):
+    steps = steps_of(JOIN_SCHEMA, build_join(0))
+    steps.run([change("k1", 0, 1, s0_a="a1"), change("k1", 1, 2, s1_b="b1")])
+    assert joined(steps.run([change("k1", 1, 3, s1_b="b1+")], not_before_ms=steps.batch_ms + 500)) == [
+        ("k1", "after", "a1", "b1+")]
+
+
+def build_aggregate(ttl_ms: int):
+    def operator(jvm, rows):
+        spec = (jvm.AggregateSpec().groupKey("group_key").member("key").op("op").groups(["g"])
+                .aggregate("COUNT", "", "n").aggregate("SUM", "v", "total").stateTtlMs(ttl_ms))
+        return jvm.GroupAggregate.apply(rows, spec)
+    return operator
+
+
+def member(key: str, group: str, value: int | None, op: str = "after") -> dict:
+    return {"key": key, "group_key": group, "op": op, "g": group, "v": value}
+
+
+def results(rows: list[dict]) -> list[tuple]:
+    return sorted((r["g"], r["op"], r["n"], r["total"]) for r in rows)
+
+
+def test_a_group_not_updated_for_the_ttl_restarts_from_empty_state(steps_of):
+    steps = steps_of(AGG_SCHEMA, build_aggregate(TTL_MS))
+    steps.run([member("w", "warm-up", 0)])  # the first batch is the slow one
+    assert results(steps.run([member("m1", "g1", 1), member("m2", "g1", 2), member("m3", "g2", 3),
+                              member("m8", "g3", 8)])) == [
+        ("g1", "upsert", 2, 3), ("g2", "upsert", 1, 3), ("g3", "upsert", 1, 8)]
+    first = steps.batch_ms
+    assert results(steps.run([member("m4", "g2", 4)], not_before_ms=first + TTL_MS // 2)) == [
+        ("g2", "upsert", 2, 7)]
+    second = steps.batch_ms
+    # g1 was last updated more than the TTL ago: members and last result are gone, whole; its next
+    # change counts from empty state (Flink: a new accumulator), and no delete is sent for it, only
+    # an expire row (for HAVING's join; pipeline/sql/runner.py drops it otherwise). g2, updated
+    # since, keeps every member. g3's delete finds no state and sends nothing.
+    third = steps.run([member("m5", "g1", 5), member("m6", "g2", 6), member("m8", "g3", 8, op="delete")],
+                      not_before_ms=first + TTL_MS + 300)
+    assert steps.batch_ms < second + TTL_MS, "the machine took longer than TTL_MS / 2 to start a batch"
+    assert results(r for r in third if r["op"] != "expire") == [("g1", "upsert", 1, 5), ("g2", "upsert", 3, 13)]
+    # a group's expire row comes when its timer fires, in a batch without data before the step's
+    # batch (and then before this step), or when its input arrives first
+    assert set(results(r for r in third if r["op"] == "expire")) <= {("g1", "expire", 2, 3), ("g3", "expire", 1, 8)}
+    assert results(steps.run([member("m9", "g3", 9)])) == [("g3", "upsert", 1, 9)]
+
+
+def test_a_group_without_a_ttl_keeps_every_member(steps_of):
+    steps = steps_of(AGG_SCHEMA, build_aggregate(0))
+    steps.run([member("m1", "g1", 1), member("m2", "g1", 2)])
+    third = steps.run([member("m5", "g1", 5)], not_before_ms=steps.batch_ms + 500)
+    assert results(third) == [("g1", "upsert", 3, 8)]
+
