@@ -48,6 +48,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
+from bench.common import BenchError  # noqa: E402
 from pipeline import metrics, store  # noqa: E402
 from pipeline.config import load_settings  # noqa: E402
 from pipeline.metrics import MetricsStore, build_progress_row, prune_old_days, task_rows_from_stages  # noqa: E402
@@ -378,7 +379,10 @@ def main(argv: list[str] | None = None) -> dict:
             for key, value in settings_values.items():
                 command += ["--set", f"{key}={value}"]
             print(f"writing up to batch {point:,} …", flush=True)
-            done = subprocess.run(command, cwd=ROOT, check=True, capture_output=True, text=True)
+            done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+            if done.returncode:  # what the writer said, not only its exit code: a resume starts where it stopped
+                raise BenchError(f"the writer stopped (exit {done.returncode}) before batch {point:,}:\n"
+                                 + "\n".join(done.stderr.strip().splitlines()[-20:]))
             segment = json.loads(done.stdout.strip().splitlines()[-1])
             results["writer"].append(segment)
             print(f"  {json.dumps(segment)}", flush=True)
