@@ -179,3 +179,22 @@ def test_a_group_without_a_ttl_keeps_every_member(steps_of):
     third = steps.run([member("m5", "g1", 5)], not_before_ms=steps.batch_ms + 500)
     assert results(third) == [("g1", "upsert", 3, 8)]
 
+
+
+def test_havings_join_drops_a_groups_last_row_on_its_expire_row_and_sends_nothing(steps_of):
+    # HAVING's UpsertJoin (pipeline/sql/runner.py apply_having) has no TTL of its own: emitBefore,
+    # no read order; GroupAggregate's expire row drops the result row it keeps, so that the group's
+    # next row comes with no "before" (pipeline/sql/sink.py filter_joined then sends it only if it
+    # passes HAVING, as Flink's filter over a new accumulator does)
+    def operator(jvm, rows):
+        spec = (jvm.JoinSpec().key("key").side("side").op("op").sides([["s0_a"]]).readOrder([])
+                .emitBefore(True))
+        return jvm.UpsertJoin.apply(rows, spec)
+
+    steps = steps_of(JOIN_SCHEMA, operator)
+    assert joined(steps.run([change("g1", 0, 0, s0_a="5"), change("g2", 0, 0, s0_a="7")])) == [
+        ("g1", "after", "5", None), ("g2", "after", "7", None)]
+    assert joined(steps.run([change("g1", 0, 0, op="expire", s0_a="5"), change("g1", 0, 0, s0_a="1"),
+                             change("g2", 0, 0, op="expire", s0_a="7")])) == [("g1", "after", "1", None)]
+    assert joined(steps.run([change("g1", 0, 0, s0_a="2"), change("g2", 0, 0, s0_a="3")])) == [
+        ("g1", "after", "2", None), ("g1", "before", "1", None), ("g2", "after", "3", None)]
