@@ -198,3 +198,41 @@ def test_havings_join_drops_a_groups_last_row_on_its_expire_row_and_sends_nothin
                              change("g2", 0, 0, op="expire", s0_a="7")])) == [("g1", "after", "1", None)]
     assert joined(steps.run([change("g1", 0, 0, s0_a="2"), change("g2", 0, 0, s0_a="3")])) == [
         ("g1", "after", "2", None), ("g1", "before", "1", None), ("g2", "after", "3", None)]
+
+
+TTL_SCRIPT = """SET 'table.exec.state.ttl' = '3 s';
+CREATE TABLE users (uid STRING, accountId STRING, PRIMARY KEY (uid) NOT ENFORCED) WITH ('connector' = 'upsert-pulsar',
+ 'topic' = 'persistent://public/default/users', 'key.format' = 'raw', 'value.format' = 'json');
+CREATE TABLE counts (accountId STRING, n BIGINT, PRIMARY KEY (accountId) NOT ENFORCED) WITH (
+ 'connector' = 'upsert-pulsar', 'topic' = 'persistent://public/default/counts', 'key.format' = 'raw',
+ 'value.format' = 'json');
+INSERT INTO counts SELECT accountId, COUNT(*) FROM users GROUP BY accountId;"""
+
+
+@pytest.mark.e2e
+def test_a_pipeline_with_a_state_ttl_counts_an_idle_group_anew_and_sends_nothing_on_expiry(settings_factory, broker,
+                                                                                           spark):
+    from factories import publish
+    from pipeline.sql.plan import build_plan
+    from sqlhelp import Running, fresh_topics, latest_per_key, message, read_topic
+
+    settings = settings_factory(job__restart__delay="3s")
+    topics = fresh_topics("users", "counts")
+    url = broker.service_url
+    publish(url, topics["users"], [message("u1", {"uid": "u1", "accountId": "A"}),
+                                   message("u2", {"uid": "u2", "accountId": "A"})])
+    with Running(settings, build_plan(TTL_SCRIPT, topics), "ttl", spark) as running:
+        def arrived(count: int):
+            running.result(settings, "ttl")  # raises the pipeline's own error, if it stopped
+            on_topic = read_topic(url, topics["counts"], timeout_ms=300)
+            return len(on_topic) >= count and on_topic
+
+        assert wait_for(lambda: arrived(1), 180, what="the first count") == [("A", '{"accountId":"A","n":2}')]
+        seen_ms = time.time() * 1000  # after the batch that wrote the group: its TTL ends before seen + TTL
+        wait_for(lambda: time.time() * 1000 >= seen_ms + 3500, 10, 0.05, "the group's TTL")
+        publish(url, topics["users"], [message("u3", {"uid": "u3", "accountId": "A"})])
+        # the group counts from empty state; no tombstone was sent when it expired
+        on_topic = wait_for(lambda: arrived(2), 90, what="the count after the TTL")
+        assert on_topic == [("A", '{"accountId":"A","n":2}'), ("A", '{"accountId":"A","n":1}')]
+        current = running.result(settings, "ttl")
+    assert current == [latest_per_key(on_topic)["A"]]
