@@ -74,6 +74,22 @@ CASES = [
              ((account("B", "Beta 2"),), (("u2", row(uid="u2", account="Beta 2")), ("u3", row(uid="u3", account="Beta 2")))),
          ),
          joined=ACCOUNTS),
+    Case("group_by_over_a_foreign_key_join",
+         "uid STRING, accountId STRING",
+         "account STRING, users BIGINT",
+         "INSERT INTO out SELECT COALESCE(a.name, 'none'), COUNT(*) FROM users u LEFT JOIN accounts a "
+         "ON u.accountId = a.id GROUP BY COALESCE(a.name, 'none')",
+         (
+             ((user("u1", "A"), user("u2", "A"), user("u3", "B"), account("A", "Acme")),
+              (("Acme", row(account="Acme", users=2)), ("none", row(account="none", users=1)))),
+             # a user's move takes it out of its old group and into the new one
+             ((user("u2", "B"),), (("Acme", row(account="Acme", users=1)), ("none", row(account="none", users=2)))),
+             # an account's rename moves every user in it
+             ((account("B", "Beta"),), (("Beta", row(account="Beta", users=2)), ("none", ""))),
+             ((account("A", None),), (("Acme", ""), ("none", row(account="none", users=1)))),
+             ((("u3", None),), (("Beta", row(account="Beta", users=1)),)),
+         ),
+         joined=ACCOUNTS),
 ]
 
 

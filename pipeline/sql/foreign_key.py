@@ -11,11 +11,12 @@ a driving row's delete retracts its row. The query::
              └ [referenced rows, dead letters] ─────────────────────────┐
       ─ union, keyed by the foreign key value (JSON-encoded, so NULL matches nothing)
       ─ ForeignKeyJoin (pipeline/jvm/statefulstreams/ForeignKeyJoin.java): per foreign key value,
-        the rows referencing it and the referenced row; emits "after" (the joined row now) and
-        "retract" (a joined row sent before that is gone from this foreign key value)
+        the rows referencing it and the referenced row; emits, per changed driving key, "before"
+        (the joined row sent before, if any) and "after" (the joined row now, if any)
+      [─ GROUP BY: GroupAggregate, as over UpsertJoin's joined rows (pipeline/sql/runner.py)]
 
-A driving row that moves from foreign key a to b in one batch gets a ``retract`` from a and an
-``after`` from b, in either order; :func:`resolve_retractions` keeps the ``after``.
+A driving row that moves from foreign key a to b in one batch gets its ``before`` from a and its
+``after`` from b, in either order; :func:`resolve_retractions` sends the ``after``.
 
 The checks here are pure and run at ``--check`` (pipeline/sql/plan.py); the rest runs on Spark.
 """
@@ -46,14 +47,11 @@ def check_foreign_key_types(text: str, driving: Table, column: str, table: Table
                              "a foreign key of the referenced key's type")
 
 
-def check_foreign_key_join(joins: list[exp.Join], group, where_joined: str | None, settings: dict[str, str]) -> None:
+def check_foreign_key_join(joins: list[exp.Join], where_joined: str | None, settings: dict[str, str]) -> None:
     """Refuse, in one line, what a foreign-key join does not run with yet."""
     if len(joins) > 1:
         texts = ", ".join(repr(j.sql(dialect=Flink).strip()) for j in joins)
         raise UnsupportedSql(f"a foreign-key JOIN with other JOINs ({texts}) is not supported yet; supported: {FK_JOIN}")
-    if group is not None:
-        raise UnsupportedSql(f"GROUP BY over a foreign-key JOIN is not supported yet; supported: {FK_JOIN} without "
-                             "GROUP BY")
     if where_joined:
         raise UnsupportedSql("WHERE on a foreign-key JOIN's joined table is not supported yet; supported: WHERE on "
                              "the driving table's columns")
@@ -66,7 +64,7 @@ def apply_foreign_key_join(rows, plan, sides: list[list[str]]):
     """The envelope rows (WHERE applied) through the two stages of the module docstring.
 
     # in:  {"key": "u1", "side": 0|1, "op": "upsert"|"delete"|"dead", "s0_accountId": "A", "s1_name": …}
-    # out: {"key": "u1", "op": "after"|"retract"|"dead", "s0_accountId": "A", "s1_name": "Acme", …}
+    # out: {"key": "u1", "op": "before"|"after"|"dead", "s0_accountId": "A", "s1_name": "Acme", …}
     """
     from pyspark.sql import DataFrame
     from pyspark.sql import functions as F
@@ -91,16 +89,17 @@ def apply_foreign_key_join(rows, plan, sides: list[list[str]]):
 
 
 def resolve_retractions(rows: pa.Table) -> pa.Table:
-    """A batch's ``retract`` rows as the sink sends them: a ``delete`` of the key, unless the same
-    key has an ``after`` row in the batch (it moved to another foreign key value), which wins.
+    """A join's batch as the sink sends it: per driving key, the ``after`` row (the joined row now);
+    a ``before`` alone (the row sent before is gone) becomes a ``delete``; a ``before`` beside an
+    ``after`` (the row changed, or moved to another foreign key value) is skipped, in either order.
 
-    # in:  {"key": "u1", "op": "retract"}, {"key": "u1", "op": "after"}, {"key": "u2", "op": "retract"}
-    # out: {"key": "u1", "op": "skip"},    {"key": "u1", "op": "after"}, {"key": "u2", "op": "delete"}
+    # in:  {"key": "u1", "op": "before"}, {"key": "u1", "op": "after"}, {"key": "u2", "op": "before"}
+    # out: {"key": "u1", "op": "skip"},   {"key": "u1", "op": "after"}, {"key": "u2", "op": "delete"}
     """
     ops = rows["op"]
     upserted = rows.filter(pc.equal(ops, "after"))["key"]
     moved = pc.is_in(rows["key"], value_set=upserted.combine_chunks() if upserted.num_chunks
                      else pa.array([], pa.string()))
-    retract = pc.fill_null(pc.equal(ops, "retract"), False)
+    retract = pc.fill_null(pc.equal(ops, "before"), False)
     op = pc.if_else(retract, pc.if_else(pc.fill_null(moved, False), "skip", "delete"), ops)
     return rows.set_column(rows.schema.get_field_index("op"), "op", op)

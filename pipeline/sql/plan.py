@@ -182,7 +182,7 @@ def build_query(insert: exp.Insert, tables: dict[str, Table], statements: tuple[
     where_sql, where_joined = query.where(where.this) if where else (None, None)
     if foreign_key:
         from pipeline.sql.foreign_key import check_foreign_key_join
-        check_foreign_key_join(joins, group, where_joined, settings or {})
+        check_foreign_key_join(joins, where_joined, settings or {})
         query.reads.append((0, foreign_key))
     # an inner join as Flink means it on upsert tables: the joined row is there while each inner
     # side has its row, and retracted (filter_joined, as a WHERE on a joined table) when one goes;

@@ -76,7 +76,7 @@ def filter_joined(rows: pa.Table) -> pa.Table:
 def build_result(plan: Plan, rows: pa.Table, batch_id: int, now_ms: int) -> pa.Table:
     """The batch's ``result`` rows from the query's output rows (upserts and deletes only)."""
     schema = result_schema(plan)
-    if plan.foreign_key and rows.num_rows:
+    if plan.foreign_key and plan.kind == "join" and rows.num_rows:
         rows = resolve_retractions(rows)
     if ((plan.where_joined and plan.kind == "join") or plan.having) and rows.num_rows:
         rows = filter_joined(rows)

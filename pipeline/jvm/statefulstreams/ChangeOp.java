@@ -8,12 +8,11 @@ import java.util.Locale;
  * ({@link GroupAggregate}'s output); {@code before} and {@code after} are a joined row's old and
  * new contributions ({@link UpsertJoin}'s output with emitBefore, {@link GroupAggregate}'s input);
  * {@code expire} is a group whose state a TTL dropped ({@link GroupAggregate}'s output, read by
- * HAVING's {@link UpsertJoin}, which drops the group's last result with it and sends nothing);
- * {@code retract} is a joined row gone from a foreign key value ({@link ForeignKeyJoin}'s output).
+ * HAVING's {@link UpsertJoin}, which drops the group's last result with it and sends nothing).
  * Any other value (a dead letter) is passed through.
  */
 enum ChangeOp {
-  UPSERT, DELETE, BEFORE, AFTER, EXPIRE, RETRACT;
+  UPSERT, DELETE, BEFORE, AFTER, EXPIRE;
 
   private static final ChangeOp[] ALL = values();
   /** The op column's value. */

@@ -49,13 +49,16 @@ import statefulstreams.Rows.Field;
  *   <li>The driving keys decided are those with a {@code before} or {@code after} row, and, when
  *       the referenced row changed, every key held before or after. Each gets the joined row now,
  *       op {@code after}, when it is held and (LEFT) always or (INNER) the referenced row is
- *       there, its columns null when it is not; otherwise, op {@code retract} (value columns
- *       null) when its joined row was sent: it was held before the batch and (LEFT) always or
- *       (INNER) the referenced row was there before the batch; otherwise nothing.</li>
+ *       there, its columns null when it is not; and before it, op {@code before}, the joined row
+ *       as it was before the batch, when that row was sent: the key was held before the batch
+ *       and (LEFT) always or (INNER) the referenced row was there before the batch.</li>
  *   <li>A row with any other op (a dead letter) is passed through unchanged and changes nothing.</li>
  * </ol>
- * A driving row that moves to another foreign key value in a batch gets a {@code retract} from
- * the old value and an {@code after} from the new one; the reader keeps the {@code after}.
+ * So each driving key gets at most one {@code before} and one {@code after} per batch, as from
+ * {@link UpsertJoin} with {@code emitBefore}: a driving row that moves to another foreign key
+ * value gets its {@code before} from the old value and its {@code after} from the new one. A
+ * join's reader sends the {@code after}, or a delete for a {@code before} alone; a
+ * {@link GroupAggregate} retracts the {@code before} from its group and adds the {@code after}.
  */
 public final class ForeignKeyJoin extends StatefulProcessor<String, Row, Row> {
   private static final long serialVersionUID = 1L;
@@ -145,18 +148,21 @@ public final class ForeignKeyJoin extends StatefulProcessor<String, Row, Row> {
         referencedRow.update(after);
       }
     }
-    // each driving key decided, and whether it was held before the batch
-    Map<String, Boolean> held = new LinkedHashMap<>();
+    // each driving key decided, and its row held before the batch (null: none)
+    Map<String, Row> held = new LinkedHashMap<>();
     if (!references.isEmpty() && referencing.exists()) {
       scala.collection.Iterator<Tuple2<String, Row>> all = referencing.iterator();
       while (all.hasNext()) {
-        held.put(all.next()._1(), Boolean.TRUE);
+        Tuple2<String, Row> entry = all.next();
+        held.put(entry._1(), entry._2());
       }
     }
     for (List<Row> changes : List.of(leaving, arriving)) {
       for (Row change : changes) {
         String key = columns.key.getString(change);
-        held.computeIfAbsent(key, k -> referencing.containsKey(k));
+        if (!held.containsKey(key)) {
+          held.put(key, referencing.containsKey(key) ? referencing.getValue(key) : null);
+        }
       }
     }
     for (Row change : leaving) {
@@ -168,13 +174,13 @@ public final class ForeignKeyJoin extends StatefulProcessor<String, Row, Row> {
     }
     boolean sentBefore = !inner || before != null;
     boolean sendNow = !inner || after != null;
-    for (Map.Entry<String, Boolean> entry : held.entrySet()) {
+    for (Map.Entry<String, Row> entry : held.entrySet()) {
       String key = entry.getKey();
-      Row now = sendNow && referencing.containsKey(key) ? referencing.getValue(key) : null;
-      if (now != null) {
-        out.add(joined(key, now, after, ChangeOp.AFTER));
-      } else if (entry.getValue() && sentBefore) {
-        out.add(joined(key, null, null, ChangeOp.RETRACT));
+      if (entry.getValue() != null && sentBefore) {
+        out.add(joined(key, entry.getValue(), before, ChangeOp.BEFORE));
+      }
+      if (sendNow && referencing.containsKey(key)) {
+        out.add(joined(key, referencing.getValue(key), after, ChangeOp.AFTER));
       }
     }
     return CollectionConverters.asScala(out.iterator());
