@@ -559,7 +559,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--no-profile", dest="profile", action="store_false", help="no JFR recording of the peer")
     args = parser.parse_args(argv)
     from pipeline.feed.apache_broker import PULSAR_VERSION, ApacheBroker, fetch_jars
-    from pipeline.config import parse_duration
+    from pipeline.setting_values import parse_duration
 
     began = time.perf_counter()
     load_at_start = load_average()

@@ -8,158 +8,18 @@ A bad value fails at start-up with one line that names the key and the allowed v
 
 from __future__ import annotations
 
-import math
 import os
-import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from pipeline import setting_values
+from pipeline.setting_values import EMBEDDED
 from pipeline.enrich.lookups import CHANGELOGS
 from pipeline.errors import ConfigError
 
-EMBEDDED = "embedded"
 TOPIC_NAMES = (*CHANGELOGS, "orders")  # each lookup's changelog, then the orders
-
-
-# ---------------------------------------------------------------- value parsers
-# Each parser takes the raw value (str from env/CLI, or a TOML value) and returns the typed
-# value, or raises ValueError with the "allowed" half of the message.
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-MAX_DURATION_S = 7 * 24 * 3600.0  # a week: longer waits and intervals are mistakes, and overflow Spark's ms
-_DURATION_ALLOWED = "a duration from 0 to 7 days such as '10s', '500ms' or '2m'"
-
-
-def parse_duration(raw: Any) -> float:
-    """Seconds from ``"10s"``, ``"500ms"``, ``"2m"``, ``"1h"`` or a bare number of seconds."""
-    if isinstance(raw, bool):
-        raise ValueError(_DURATION_ALLOWED)
-    if isinstance(raw, (int, float)):
-        seconds = float(raw) if not isinstance(raw, int) or abs(raw) <= 2**63 else math.inf
-    else:
-        match = _DURATION.fullmatch(str(raw))
-        if not match:
-            raise ValueError(_DURATION_ALLOWED)
-        number, unit = float(match.group(1)), match.group(2) or "s"
-        seconds = number * {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[unit]
-    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_DURATION_S:  # inf, nan, 1e308, negatives
-        raise ValueError(_DURATION_ALLOWED)
-    return seconds
-
-
-def _int_at_least(minimum: int, maximum: int = 2**31 - 1) -> Callable[[Any], int]:
-    """Whole numbers from ``minimum`` to ``maximum`` (by default the largest int Spark's settings take)."""
-    allowed = f"a whole number from {minimum} to {maximum}"
-
-    def parse(raw: Any) -> int:
-        try:
-            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
-                raise ValueError
-            value = int(str(raw).strip()) if not isinstance(raw, int) else raw
-        except (ValueError, OverflowError):
-            raise ValueError(allowed) from None
-        if not minimum <= value <= maximum:
-            raise ValueError(allowed)
-        return value
-
-    return parse
-
-
-def _text(raw: Any) -> str:
-    value = str(raw).strip()
-    if not value:
-        raise ValueError("a non-empty text")
-    return value
-
-
-def _folder(raw: Any) -> str:
-    if not isinstance(raw, (str, os.PathLike)):
-        raise ValueError("a folder path as text, such as './var'")
-    value = _text(os.fspath(raw))
-    if "\0" in value:
-        raise ValueError("a folder path without NUL characters, such as './var'")
-    return value
-
-
-def _optional_text(raw: Any) -> str | None:
-    value = str(raw).strip() if raw is not None else ""
-    return value or None
-
-
-def _service_url(raw: Any) -> str:
-    value = _text(raw)
-    if value != EMBEDDED and not re.match(r"^pulsar(\+ssl)?://[^\s/]+", value):
-        raise ValueError("'embedded' or a URL like 'pulsar://host:6650'")
-    return value
-
-
-def _admin_url(raw: Any) -> str | None:
-    value = _optional_text(raw)
-    if value is not None and not re.match(r"^https?://[^\s/]+", value):
-        raise ValueError("empty or a URL like 'http://host:8080'")
-    return value
-
-
-def _topic(raw: Any) -> str:
-    value = _text(raw)
-    if not re.match(r"^(persistent|non-persistent)://[^/\s]+/[^/\s]+/[^/\s]+$", value):
-        raise ValueError("a full topic name like 'persistent://public/default/users'")
-    return value
-
-
-def _spark_master(raw: Any) -> str:
-    value = _text(raw)
-    if not re.match(r"^(local(\[(\*|\d+)\])?|spark://\S+|yarn|k8s://\S+)$", value):
-        raise ValueError("'local[*]', 'local[N]', 'spark://host:7077', 'yarn' or 'k8s://…'")
-    return value
-
-
-def _heap_size(raw: Any) -> str:
-    value = _text(raw).lower()
-    match = re.match(r"^(\d+)([mg])$", value)
-    # Spark refuses a driver heap under about 450 MB (its reserved 300 MB and 1.5 times that).
-    if not match or int(match[1]) * (1024 if match[2] == "g" else 1) < 512:
-        raise ValueError("a JVM heap size of at least 512 MB such as '1g' or '1536m'")
-    return value
-
-
-_BYTES = re.compile(r"^\s*(\d+)\s*(b|kb|mb|gb)?\s*$")
-_BYTE_UNITS = {None: 1, "b": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30}
-
-
-def _byte_size(raw: Any) -> int:
-    """A size such as '128MB', '512kb' or a whole number of bytes, from 1 MB to 64 GB."""
-    match = _BYTES.match(str(raw).lower())
-    value = int(match[1]) * _BYTE_UNITS[match[2]] if match else 0
-    if not (1 << 20) <= value <= (64 << 30):
-        raise ValueError("a size from 1MB to 64GB such as '128MB' or '1GB'")
-    return value
-
-
-def _choice(*allowed: str) -> Callable[[Any], str]:
-    def parse(raw: Any) -> str:
-        value = str(raw).strip()
-        if value not in allowed:
-            raise ValueError("one of " + ", ".join(repr(a) for a in allowed))
-        return value
-
-    return parse
-
-
-def _port(raw: Any) -> int:
-    try:
-        return _int_at_least(1, 65535)(raw)
-    except ValueError:
-        raise ValueError("a port number from 1 to 65535") from None
-
-
-def _positive_duration(raw: Any) -> float:
-    value = parse_duration(raw)
-    if value <= 0:
-        raise ValueError("a duration > 0 such as '1s' or '500ms'")
-    return value
 
 
 @dataclass(frozen=True)
@@ -177,62 +37,62 @@ class Key:
 
 
 KEYS: tuple[Key, ...] = (
-    Key("pulsar.service_url", EMBEDDED, _service_url, "Broker URL, or 'embedded' for pulsar-lite"),
-    Key("pulsar.admin_url", None, _admin_url, "Pulsar admin REST URL (none for pulsar-lite)"),
-    Key("pulsar.auth_token", None, _optional_text, "JWT for a Pulsar with token authentication (secret; never logged)"),
-    *(Key(f"topics.{name}", f"persistent://public/default/{name}", _topic, f"{name.capitalize()} changelog topic")
+    Key("pulsar.service_url", EMBEDDED, setting_values.service_url, "Broker URL, or 'embedded' for pulsar-lite"),
+    Key("pulsar.admin_url", None, setting_values.admin_url, "Pulsar admin REST URL (none for pulsar-lite)"),
+    Key("pulsar.auth_token", None, setting_values.optional_text, "JWT for a Pulsar with token authentication (secret; never logged)"),
+    *(Key(f"topics.{name}", f"persistent://public/default/{name}", setting_values.topic, f"{name.capitalize()} changelog topic")
       for name in CHANGELOGS),
-    Key("topics.orders", "persistent://public/default/orders", _topic, "Orders event topic"),
-    Key("paths.data_dir", "./var", _folder, "Broker data, checkpoints, sinks and metrics"),
-    Key("spark.master", "local[*]", _spark_master, "Spark master URL"),
-    Key("spark.shuffle_partitions", 0, _int_at_least(0, 100_000), "Shuffle partitions; 0 sizes them to the cores"),
-    Key("spark.auth_secret", None, _optional_text, "Shared secret for Spark RPC authentication (spark.authenticate); secret"),
+    Key("topics.orders", "persistent://public/default/orders", setting_values.topic, "Orders event topic"),
+    Key("paths.data_dir", "./var", setting_values.folder, "Broker data, checkpoints, sinks and metrics"),
+    Key("spark.master", "local[*]", setting_values.spark_master, "Spark master URL"),
+    Key("spark.shuffle_partitions", 0, setting_values.int_at_least(0, 100_000), "Shuffle partitions; 0 sizes them to the cores"),
+    Key("spark.auth_secret", None, setting_values.optional_text, "Shared secret for Spark RPC authentication (spark.authenticate); secret"),
     # 1 GB holds a batch at job.max_rows_per_batch's default with room to spare, and the job's
     # memory is bounded (bench/bench_state.py): raise it with the batch bound.
-    Key("spark.driver_memory", "1g", _heap_size,
+    Key("spark.driver_memory", "1g", setting_values.heap_size,
         "Heap of the Spark driver JVM, which collects each micro-batch for the sinks ('1g', '1536m')"),
-    Key("spark.extra_java_options", None, _optional_text, "More JVM options for the Spark driver (after ours)"),
-    Key("job.trigger_interval", "1s", _positive_duration, "Micro-batch trigger interval"),
+    Key("spark.extra_java_options", None, setting_values.optional_text, "More JVM options for the Spark driver (after ours)"),
+    Key("job.trigger_interval", "1s", setting_values.positive_duration, "Micro-batch trigger interval"),
     # The driver collects a batch for the sinks, in spark.driver_memory: 300k of our orders fit
     # 1 GB and 600k did not (bench/README.md, stops 24 and 26). Both caps are estimated at planning
     # from what each partition's entries last held (pipeline/source/planning.py), and a producer's
     # batches can double in size from one range to the next, so the defaults leave 2x of room.
-    Key("job.max_rows_per_batch", 150_000, _int_at_least(1),
+    Key("job.max_rows_per_batch", 150_000, setting_values.int_at_least(1),
         "Most messages in one micro-batch, whatever the producers' batching (estimated; README \"Batches\")"),
-    Key("job.max_bytes_per_batch", "64MB", _byte_size,
+    Key("job.max_bytes_per_batch", "64MB", setting_values.byte_size,
         "Most bytes of messages in one micro-batch ('64MB'; estimated like the message cap)"),
-    Key("job.orders_share_after", 10, _int_at_least(0, 1_000_000),
+    Key("job.orders_share_after", 10, setting_values.int_at_least(0, 1_000_000),
         "Batches in a row the changelogs may fill alone before orders get a share anyway (0: at once)"),
-    Key("job.start_from", "earliest", _choice("earliest", "latest"), "Where a fresh checkpoint starts reading every topic"),
-    Key("job.restart.attempts", 5, _int_at_least(0), "Restarts from the last checkpoint before giving up"),
-    Key("job.restart.delay", "10s", parse_duration, "Delay between restart attempts"),
+    Key("job.start_from", "earliest", setting_values.choice("earliest", "latest"), "Where a fresh checkpoint starts reading every topic"),
+    Key("job.restart.attempts", 5, setting_values.int_at_least(0), "Restarts from the last checkpoint before giving up"),
+    Key("job.restart.delay", "10s", setting_values.parse_duration, "Delay between restart attempts"),
     # The sinks are Delta tables (pipeline/sinks.py): one small file per batch until compacted.
-    Key("sinks.compact_interval", "10m", parse_duration,
+    Key("sinks.compact_interval", "10m", setting_values.parse_duration,
         "How often the running job compacts each sink's small files, then vacuums replaced ones; 0 = never"),
-    Key("sinks.vacuum_retention", "168h", parse_duration,
+    Key("sinks.vacuum_retention", "168h", setting_values.parse_duration,
         "How long vacuum keeps files that compaction or a restore replaced (whole hours; at least "
         "back to the oldest savepoint)"),
-    Key("metrics.retention", "168h", parse_duration,
+    Key("metrics.retention", "168h", setting_values.parse_duration,
         "How long the running job keeps metrics day files (whole days; today's and yesterday's always stay)"),
-    Key("enrichment.max_wait", "10s", parse_duration, "How long an order waits for its user/item; 0 = no buffering"),
-    Key("enrichment.time", "processing", _choice("processing", "event"),
+    Key("enrichment.max_wait", "10s", setting_values.parse_duration, "How long an order waits for its user/item; 0 = no buffering"),
+    Key("enrichment.time", "processing", setting_values.choice("processing", "event"),
         "Enrich with the state held when the order is processed, or with the versions current at its event time"),
-    Key("enrichment.order_time", "created_at", _choice("created_at", "event_time"),
+    Key("enrichment.order_time", "created_at", setting_values.choice("created_at", "event_time"),
         "Event time: an order's time is its createdAt field or its message event time"),
-    Key("enrichment.out_of_orderness", "5s", parse_duration,
+    Key("enrichment.out_of_orderness", "5s", setting_values.parse_duration,
         "Event time: how far a changelog topic's event times may run out of order (its watermark lags its newest by this)"),
-    Key("enrichment.allowed_lateness", "1h", parse_duration,
+    Key("enrichment.allowed_lateness", "1h", setting_values.parse_duration,
         "Event time: an order older than the watermark minus this is late (missing_state, reason 'late')"),
-    Key("enrichment.idle_timeout", "30s", parse_duration,
+    Key("enrichment.idle_timeout", "30s", setting_values.parse_duration,
         "Event time: a changelog with no new message for this long stops holding the watermark back; 0 = never"),
-    Key("enrichment.future_horizon", "1h", parse_duration,
+    Key("enrichment.future_horizon", "1h", setting_values.parse_duration,
         "Event time: an order further than this past the time the changelogs have reached is 'future' (missing_state), "
         "and a message time further than this past its publish time moves no watermark"),
-    Key("app.address", "127.0.0.1", _text, "Console bind address"),
-    Key("app.port", 8501, _port, "Console port"),
-    Key("app.admin_token", None, _optional_text, "Token that control actions require (needed off loopback)"),
-    Key("exporter.address", "127.0.0.1", _text, "Prometheus exporter bind address"),
-    Key("exporter.port", 9464, _port, "Prometheus exporter port"),
+    Key("app.address", "127.0.0.1", setting_values.text, "Console bind address"),
+    Key("app.port", 8501, setting_values.port, "Console port"),
+    Key("app.admin_token", None, setting_values.optional_text, "Token that control actions require (needed off loopback)"),
+    Key("exporter.address", "127.0.0.1", setting_values.text, "Prometheus exporter bind address"),
+    Key("exporter.port", 9464, setting_values.port, "Prometheus exporter port"),
 )
 SECRET_KEYS = ("pulsar.auth_token", "spark.auth_secret", "app.admin_token")
 KEYS_BY_NAME = {key.name: key for key in KEYS}

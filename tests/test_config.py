@@ -4,7 +4,8 @@ import re
 
 import pytest
 
-from pipeline.config import KEYS, load_settings, parse_duration, parse_set_flags
+from pipeline.config import KEYS, load_settings, parse_set_flags
+from pipeline.setting_values import parse_duration
 from pipeline.errors import ConfigError
 
 
