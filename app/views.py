@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 import pandas as pd
 import streamlit as st
 
-from app import console_math, metric_queries
+from app import console_math, metric_queries, missing_words
 from app.resources import fetch, get_settings, now_ms
 from pipeline.config import Settings
 from pipeline.console import MIN_TOKEN_CHARS, is_loopback
@@ -117,15 +117,15 @@ def lookup_column_config() -> dict:
     """Table column labels of each lookup's columns: its id (``user``) and, in event time, the
     time of the version an order was decided with (``user as of (event time)``)."""
     return {
-        **{column: st.column_config.NumberColumn(name, format="%d") for name, column in console_math.ID_COLUMNS.items()},
+        **{column: st.column_config.NumberColumn(name, format="%d") for name, column in missing_words.ID_COLUMNS.items()},
         **{column: st.column_config.DatetimeColumn(f"{name} as of (event time)", format="YYYY-MM-DD HH:mm:ss.SSS")
-           for name, column in console_math.AS_OF_COLUMNS.items()},
+           for name, column in missing_words.AS_OF_COLUMNS.items()},
     }
 
 
 def drop_unused_as_of(frame: pd.DataFrame) -> pd.DataFrame:
     """``frame`` without the lookups' as-of columns when none holds a time (processing time)."""
-    as_of = list(console_math.AS_OF_COLUMNS.values())
+    as_of = list(missing_words.AS_OF_COLUMNS.values())
     return frame.drop(columns=as_of) if frame[as_of].isna().all().all() else frame
 
 

@@ -4,7 +4,7 @@ and how rows spread over the source partitions."""
 import pandas as pd
 import streamlit as st
 
-from app import charts, console_math, metric_queries, queries, views
+from app import charts, console_math, metric_queries, missing_words, queries, views
 from app.resources import REFRESH_SECONDS, fetch
 
 KEY_WINDOW_S = 5 * 60
@@ -35,7 +35,7 @@ def render_key_load() -> None:
         return
     load = fetch(queries.load_key_load, data_dir=data_dir, window_end_ms=int(newest_ms),
                  window_s=KEY_WINDOW_S, limit=HOT_KEYS, top_fraction=TOP_FRACTION)
-    loads = {key: load[load["key"] == key] for key in console_math.LOOKUP_NAMES}
+    loads = {key: load[load["key"] == key] for key in missing_words.LOOKUP_NAMES}
     st.caption(f"Orders committed in the {KEY_WINDOW_S // 60} minutes up to the newest one, enriched or missing.")
     for column, (key, load) in zip(st.columns(len(loads)), loads.items()):
         spread = load.iloc[0]

@@ -4,19 +4,19 @@ appeared since, look up what the job holds for them now, and re-drive it against
 import pandas as pd
 import streamlit as st
 
-from app import charts, console_math, queries, views
+from app import charts, console_math, missing_words, queries, views
 from app.resources import REFRESH_SECONDS, fetch
 
 WINDOW_S = 15 * 60
 RESULT_LIMIT = 200
-SEARCH_KEYS = {"invoice id": "invoice_id", **{f"{name} id": column for name, column in console_math.ID_COLUMNS.items()}}
-NAMES = console_math.LOOKUP_NAMES  # user, item
+SEARCH_KEYS = {"invoice id": "invoice_id", **{f"{name} id": column for name, column in missing_words.ID_COLUMNS.items()}}
+NAMES = missing_words.LOOKUP_NAMES  # user, item
 
 settings = views.load_page_settings()
 data_dir = settings.data_dir
 views.render_page_header(
     "Missing state",
-    f"Orders whose {console_math.join_words(NAMES, 'or')} was still unknown after waiting `enrichment.max_wait`.",
+    f"Orders whose {missing_words.join_words(NAMES, 'or')} was still unknown after waiting `enrichment.max_wait`.",
     settings,
 )
 
@@ -26,7 +26,7 @@ def render_overview() -> None:
     totals = fetch(queries.load_missing_totals, data_dir=data_dir).set_index("reason")["orders"]
     if totals.empty:
         views.render_empty_state(
-            f"No missing-state orders yet. Orders land here when their {console_math.join_words(NAMES, 'or')} is still unknown "
+            f"No missing-state orders yet. Orders land here when their {missing_words.join_words(NAMES, 'or')} is still unknown "
             f"after `enrichment.max_wait`; {views.START_HINT} and produce orders to see some."
         )
         return
@@ -34,7 +34,7 @@ def render_overview() -> None:
         views.MetricCard("Missing orders", views.format_count(totals.sum())),
         *(views.MetricCard(f"{name.capitalize()} missing", views.format_count(totals.get(name, 0))) for name in NAMES),
         views.MetricCard("Both missing" if len(NAMES) == 2 else "All missing",
-                         views.format_count(totals.get(console_math.ALL_MISSING, 0))),
+                         views.format_count(totals.get(missing_words.ALL_MISSING, 0))),
     ])
     span = fetch(queries.load_sink_spans, data_dir=data_dir).set_index("sink").loc["missing_state"]
     newest_ms = int(span["newest_ms"])
@@ -81,13 +81,13 @@ def render_orders(search: dict[str, int]) -> list[int]:
         if search:
             views.render_empty_state("No missing-state order matches that id.")
         return []
-    ids, as_of = list(console_math.ID_COLUMNS.values()), list(console_math.AS_OF_COLUMNS.values())
+    ids, as_of = list(missing_words.ID_COLUMNS.values()), list(missing_words.AS_OF_COLUMNS.values())
     rows = [r._asdict() for r in orders.itertuples()]
     shown = orders.assign(
-        why=[console_math.describe_missing_reason(r["reason"], *(r[column] for column in ids), r["waited_ms"]) for r in rows],
-        **{f"{name}_appeared": [console_math.describe_appearance(r["reason"], name, r[f"{name}_seen_at"]) for r in rows]
+        why=[missing_words.describe_missing_reason(r["reason"], *(r[column] for column in ids), r["waited_ms"]) for r in rows],
+        **{f"{name}_appeared": [missing_words.describe_appearance(r["reason"], name, r[f"{name}_seen_at"]) for r in rows]
            for name in NAMES},
-        redrive=[console_math.describe_redrive(r["redrive_of"], r["redrive_enriched_at"], r["redrive_missing_at"])
+        redrive=[missing_words.describe_redrive(r["redrive_of"], r["redrive_enriched_at"], r["redrive_missing_at"])
                  for r in rows],
     )
     st.caption(f"{len(orders)} order line(s), newest first" + (f" (the newest {RESULT_LIMIT})" if len(orders) == RESULT_LIMIT else "") + ".")
@@ -117,14 +117,14 @@ def render_state_lookup(search: dict[str, int]) -> None:
     if orders.empty:
         return
     st.subheader("What the job holds")
-    st.caption(f"Reads the running job's state for the chosen order's {console_math.join_words(NAMES)} (Spark's state "
+    st.caption(f"Reads the running job's state for the chosen order's {missing_words.join_words(NAMES)} (Spark's state "
                "data source, in the console's one state look-up worker: requests queue, one at a time, a few per viewer).")
-    choices = {" · ".join([f"invoice {r['invoice_id']}", *(f"{name} {r[column]}" for name, column in console_math.ID_COLUMNS.items())]):
-               tuple(int(r[column]) for column in console_math.ID_COLUMNS.values())
+    choices = {" · ".join([f"invoice {r['invoice_id']}", *(f"{name} {r[column]}" for name, column in missing_words.ID_COLUMNS.items())]):
+               tuple(int(r[column]) for column in missing_words.ID_COLUMNS.values())
                for r in (r._asdict() for r in orders.itertuples())}
     chosen = st.selectbox("Order", list(choices), key="state_order")
-    keys = dict(zip(console_math.CHANGELOGS, choices[chosen]))  # {"users": 42, "items": 7}
-    named = console_math.join_words([f"{console_math.CHANGELOG_NAMES[changelog]} {key}" for changelog, key in keys.items()])
+    keys = dict(zip(missing_words.CHANGELOGS, choices[chosen]))  # {"users": 42, "items": 7}
+    named = missing_words.join_words([f"{missing_words.CHANGELOG_NAMES[changelog]} {key}" for changelog, key in keys.items()])
 
     def perform() -> str:
         st.session_state.pop("state_found", None)
@@ -134,12 +134,12 @@ def render_state_lookup(search: dict[str, int]) -> None:
         return f"Read what the job holds for {named}."
 
     views.render_confirmed_action(
-        "state_lookup", f"Look up its {console_math.join_words(NAMES)}…",
+        "state_lookup", f"Look up its {missing_words.join_words(NAMES)}…",
         f"read the job's state for {named}. This starts the console's state look-up "
         "worker (a Spark session of its own) if it is not running, and queues behind other viewers' look-ups.",
         perform, settings)
     for column, found in zip(st.columns(len(NAMES)), st.session_state.get("state_found", [])):
-        name = console_math.CHANGELOG_NAMES[found["lookup"]].capitalize()
+        name = missing_words.CHANGELOG_NAMES[found["lookup"]].capitalize()
         column.markdown(f"**{name} {found['key']}** (batch {found['batch_id']})")
         if found["latest"] is None:
             column.info("Nothing held: never seen, or deleted by a tombstone.")

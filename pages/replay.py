@@ -5,7 +5,7 @@ from datetime import datetime, time, timezone
 
 import streamlit as st
 
-from app import console_math, metric_queries, views
+from app import console_math, metric_queries, missing_words, views
 from app.resources import REFRESH_SECONDS, fetch
 
 START_OPTIONS = ("the earliest retained message", "a chosen time (UTC)")
@@ -23,7 +23,7 @@ views.render_page_header(
 def render_request() -> None:
     st.subheader("Request a replay")
     topic_column, start_column = st.columns(2)
-    topic = topic_column.radio("Topic", console_math.CHANGELOGS, horizontal=True, key="replay_topic")
+    topic = topic_column.radio("Topic", missing_words.CHANGELOGS, horizontal=True, key="replay_topic")
     start = start_column.radio("Start from", START_OPTIONS, horizontal=True, key="replay_start")
     from_time = None
     if start == START_OPTIONS[1]:

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from app import console_math as cm
+from app import missing_words
 
 NOW = 1_800_000_000_000
 
@@ -200,13 +201,13 @@ def test_chart_window_is_no_longer_than_the_data():
 
 
 def test_missing_state_descriptions():
-    assert cm.describe_missing_reason("user", 42, 7, 10_000) == "user 42 not in state after waiting 10 s"
-    assert cm.describe_missing_reason("user_and_item", 42, 7, 0) == "neither user 42 nor item 7 in state (buffering is off)"
-    assert cm.describe_appearance("item", "user", None) == "was in state"
-    assert cm.describe_appearance("user", "user", None) == "not yet"
-    assert cm.describe_appearance("user", "user", pd.Timestamp("2026-11-22 01:02:03")) == "yes, 2026-11-22 01:02:03 UTC"
-    assert cm.describe_redrive(None, pd.Timestamp("2026-11-22 01:02:03"), None) == "re-driven, enriched 2026-11-22 01:02:03 UTC"
-    assert cm.describe_redrive("1:2:-1:0", None, pd.NaT) == "re-drive of 1:2:-1:0"
+    assert missing_words.describe_missing_reason("user", 42, 7, 10_000) == "user 42 not in state after waiting 10 s"
+    assert missing_words.describe_missing_reason("user_and_item", 42, 7, 0) == "neither user 42 nor item 7 in state (buffering is off)"
+    assert missing_words.describe_appearance("item", "user", None) == "was in state"
+    assert missing_words.describe_appearance("user", "user", None) == "not yet"
+    assert missing_words.describe_appearance("user", "user", pd.Timestamp("2026-11-22 01:02:03")) == "yes, 2026-11-22 01:02:03 UTC"
+    assert missing_words.describe_redrive(None, pd.Timestamp("2026-11-22 01:02:03"), None) == "re-driven, enriched 2026-11-22 01:02:03 UTC"
+    assert missing_words.describe_redrive("1:2:-1:0", None, pd.NaT) == "re-drive of 1:2:-1:0"
 
 
 def test_token_check():

@@ -188,13 +188,13 @@ def test_future_is_a_missing_reason_in_both_sink_functions():
 
 
 def test_future_is_listed_wherever_the_missing_reasons_are(tmp_path):
-    from app import charts, console_math
+    from app import charts, missing_words
     from pipeline import cli, control
     from pipeline.enrich.lookups import MISSING_REASONS
 
     assert MISSING_REASONS == ("user", "item", "user_and_item", "late", "future")
     assert set(charts.REASON_COLOURS) == set(MISSING_REASONS)
-    assert console_math.describe_missing_reason("future", 1, 2, 0).startswith("future: further past")
+    assert missing_words.describe_missing_reason("future", 1, 2, 0).startswith("future: further past")
     args = cli.build_parser().parse_args(["redrive", "--reason", "future"])
     assert args.reason == "future"
     settings = load_settings(env={}, cli={"paths.data_dir": str(tmp_path)})
