@@ -178,9 +178,8 @@ def write_batches(data_dir: Path, until: int, orders: int, settings_values: dict
     settings = load_settings(env={}, cli={"paths.data_dir": str(data_dir), **settings_values})
     writer, metrics_store = SinkWriter(data_dir), MetricsStore(data_dir)
     checkpoint = store.checkpoint_dir(data_dir)
-    maintenance = SinkMaintenance(writer, data_dir, settings["sinks.compact_interval"], settings["sinks.vacuum_retention"],
-                                  metrics_store.event,
-                                  prune=lambda: prune_old_days(data_dir, settings["metrics.retention"])).start()
+    maintenance = SinkMaintenance.from_settings(writer, data_dir, settings, metrics_store.event,
+                                                prune=lambda: prune_old_days(data_dir, settings["metrics.retention"])).start()
     first = committed_batch(open_table(store.sink_dir(data_dir, "enriched"))) + 1
     rng = np.random.default_rng(first)
     commit_s = []

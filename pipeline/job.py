@@ -206,9 +206,9 @@ def run_forever(settings: Settings, max_batches: int = 0, stop: threading.Event 
                                int(settings["job.trigger_interval"] * 1000), sc.uiWebUrl, sc.applicationId, on_batch)
         spark.streams.addListener(listener)
         census = StateCensus(spark, store.checkpoint_dir(settings.data_dir), metrics_store, settings.max_wait_ms).start()
-        maintenance = SinkMaintenance(writer, settings.data_dir, settings["sinks.compact_interval"],
-                                      settings["sinks.vacuum_retention"], record,
-                                      prune=lambda: prune_old_days(settings.data_dir, settings["metrics.retention"])).start()
+        maintenance = SinkMaintenance.from_settings(
+            writer, settings.data_dir, settings, record,
+            prune=lambda: prune_old_days(settings.data_dir, settings["metrics.retention"])).start()
         startup.mark("listeners")
         metrics_store.event("job_started", f"job started on {settings['spark.master']} reading {service_url} "
                             f"in {startup.total_s():.1f}s", settings=settings.redacted(), startup_s=startup.phases)

@@ -2,7 +2,10 @@
 
 :func:`maintain_table` is one round on one table (:meth:`pipeline.sinks.DeltaSinks.maintain`
 runs it on each sink); :class:`SinkMaintenance` is the job's thread that runs a round every
-``sinks.compact_interval``. A round costs what changed since the last one, not the table's history:
+``sinks.compact_interval``, or sooner once ``sinks.compact_after_batches`` batches have committed
+since the last round (so the small files a reader opens are bounded by batches, whatever the
+trigger: bench_month's 15 batches/s left 900 of them between two 60 s rounds). A round costs what
+changed since the last one, not the table's history:
 
 - **Compaction in two tiers.** Delta's ``optimize`` rewrites every file under its target size,
   so one target would rewrite the whole table (up to the target) on every round: at 20,000
@@ -160,32 +163,56 @@ def log_retention_s(data_dir: Path, now_s: float | None = None) -> float:
 
 
 class SinkMaintenance:
-    """The job's background thread that compacts and vacuums the sinks every ``interval_s``,
-    between (and during) batches: Delta's optimistic concurrency lets a batch commit meanwhile;
+    """The job's background thread that compacts and vacuums the sinks every ``interval_s`` (0:
+    not by time), and as soon as ``after_batches`` batches have committed through ``writer``
+    since the last round began (0: not by count), between (and during) batches: Delta's optimistic concurrency lets a batch commit meanwhile;
     each round first removes metrics day files past their retention (``prune``). Each round is a
     ``sinks_maintained`` event with what it did; a failure is logged and recorded as an event,
     and the next round tries again. ``writer`` is a :class:`pipeline.sinks.DeltaSinks`."""
 
-    def __init__(self, writer, data_dir: Path, interval_s: float, retention_s: float, record=None, prune=None):
+    def __init__(self, writer, data_dir: Path, interval_s: float, retention_s: float, record=None, prune=None,
+                 after_batches: int = 0):
         self.prune = prune  # () -> list of removed metrics files, run after the sinks each round
         self.writer, self.data_dir = writer, Path(data_dir)
-        self.interval_s, self.retention_s = interval_s, retention_s
+        self.interval_s, self.retention_s, self.after_batches = interval_s, retention_s, after_batches
         self.record = record  # (kind, message, **details) -> None, the job's event recorder
-        self._stop = threading.Event()
+        self._stop, self._due = threading.Event(), threading.Event()
+        self._committed = 0  # batches committed since the last round began
         self._thread = threading.Thread(target=self._loop, name="sink-maintenance", daemon=True)
 
+    @classmethod
+    def from_settings(cls, writer, data_dir: Path, settings, record=None, prune=None) -> "SinkMaintenance":
+        """The thread as the ``sinks.*`` settings configure it (not started)."""
+        return cls(writer, data_dir, settings["sinks.compact_interval"], settings["sinks.vacuum_retention"], record,
+                   prune, after_batches=settings["sinks.compact_after_batches"])
+
     def start(self) -> "SinkMaintenance":
-        if self.interval_s > 0:
+        if self.after_batches > 0:
+            self.writer.after_commit.append(self._batch_committed)
+        if self.interval_s > 0 or self.after_batches > 0:
             self._thread.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
+        self._due.set()
+        if self._batch_committed in self.writer.after_commit:
+            self.writer.after_commit.remove(self._batch_committed)
         if self._thread.is_alive():
             self._thread.join(timeout=60)
 
+    def _batch_committed(self, batch_id: int) -> None:  # on the committing thread: only counts
+        self._committed += 1
+        if self._committed >= self.after_batches:
+            self._due.set()
+
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while True:
+            self._due.wait(self.interval_s if self.interval_s > 0 else None)
+            if self._stop.is_set():
+                return
+            self._due.clear()
+            self._committed = 0
             self.run_once()
 
     def run_once(self) -> dict:

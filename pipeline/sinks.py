@@ -206,6 +206,7 @@ class DeltaSinks:
         self.failure: SinkError | None = None  # kept for the job's loop; commits raise at once
         self._kept: dict[str, tuple] = {}  # sink -> (DeltaTable, version when loaded, monotonic time when loaded)
         self._pool = None  # the threads that commit a batch's sinks, started on the first batch with two
+        self.after_commit: list = []  # (batch_id) -> None, called after each commit_batch (SinkMaintenance)
 
     def commit_batch(self, tables: dict[str, pa.Table], batch_id: int) -> dict[str, int]:
         """Commit each sink's rows of this batch, once: a sink that already holds the batch
@@ -236,6 +237,8 @@ class DeltaSinks:
         self.last_counts[batch_id] = counts
         if len(self.last_counts) > 100:
             self.last_counts.pop(min(self.last_counts))
+        for hook in list(self.after_commit):
+            hook(batch_id)
         return counts
 
     def _current_table(self, name: str, path: Path):

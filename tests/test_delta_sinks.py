@@ -159,6 +159,25 @@ def test_the_schedule_records_each_round(tmp_path):
     assert len(sinks.sink_files(tmp_path, "dead_letter")) == 1 and len(ids(tmp_path)) == 10
 
 
+def test_a_round_starts_once_enough_batches_have_committed_whatever_the_interval(tmp_path):
+    """A fast trigger must not leave a round's worth of per-batch files for readers to open: with
+    an hour's interval, the third commit since the last round starts one."""
+    writer = sinks.SinkWriter(tmp_path)
+    events = []
+    maintenance = sinks.SinkMaintenance(writer, tmp_path, 3600, 0, lambda kind, message, **details: events.append(
+        (kind, details)), after_batches=3).start()
+    try:
+        for batch in range(2):
+            writer.commit_batch(dead_letters(batch), batch)
+        assert not events and len(sinks.sink_files(tmp_path, "dead_letter")) == 2
+        writer.commit_batch(dead_letters(2), 2)
+        wait_for(lambda: events, timeout=30, interval=0.05, what="a round after the third batch")
+    finally:
+        maintenance.stop()
+    assert events[0][0] == "sinks_maintained" and len(sinks.sink_files(tmp_path, "dead_letter")) == 1
+    assert writer.after_commit == [] and len(ids(tmp_path)) == 6  # stop() unhooks it; no row lost
+
+
 def test_a_restore_finds_its_version_after_the_log_was_cleaned_up(tmp_path):
     """Old log entries go (metrics.retention-like log cleanup); a batch whose own commit is gone
     from the log is found as the version just before the next batch's commit."""

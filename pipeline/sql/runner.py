@@ -327,8 +327,8 @@ def start_maintenance(settings: Settings, root: Path, writer: SqlSinkWriter, rec
     """The pipeline's maintenance thread, as the job's (pipeline/job.py): every
     ``sinks.compact_interval`` its two tables are compacted and vacuumed, and its metrics day
     files (``<root>/metrics/``) past ``metrics.retention`` removed; each round is an event."""
-    return SinkMaintenance(writer, root, settings["sinks.compact_interval"], settings["sinks.vacuum_retention"], record,
-                           prune=lambda: prune_old_days(root, settings["metrics.retention"])).start()
+    return SinkMaintenance.from_settings(writer, root, settings, record,
+                                         prune=lambda: prune_old_days(root, settings["metrics.retention"])).start()
 
 
 def run_sql_pipeline(settings: Settings, plan: Plan | tuple[Plan, ...], name: str, max_batches: int = 0,
