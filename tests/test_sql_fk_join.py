@@ -30,6 +30,10 @@ def account(key: str, name: str | None) -> tuple:
     return ("accounts", key, {"id": key, "name": name} if name else None)
 
 
+def regional(key: str, name: str, region: str) -> tuple:
+    return ("accounts", key, {"id": key, "name": name, "region": region})
+
+
 CASES = [
     Case("left_join_on_a_foreign_key",
          "uid STRING, accountId STRING",
@@ -90,6 +94,28 @@ CASES = [
              ((("u3", None),), (("Beta", row(account="Beta", users=1)),)),
          ),
          joined=ACCOUNTS),
+    Case("where_on_the_referenced_table_of_a_foreign_key_join",
+         "uid STRING, accountId STRING",
+         "uid STRING, account STRING",
+         "INSERT INTO out SELECT u.uid, a.name FROM users u LEFT JOIN accounts a ON u.accountId = a.id "
+         "WHERE a.region = 'eu'",
+         (
+             ((user("u1", "A"), user("u2", "A"), user("u3", "B"), regional("A", "Acme", "eu"),
+               regional("B", "Beta", "us")),
+              (("u1", row(uid="u1", account="Acme")), ("u2", row(uid="u2", account="Acme")))),
+             # an account that moves out of 'eu' retracts every user in it; one that moves in brings its users
+             ((regional("A", "Acme", "us"),), (("u1", ""), ("u2", ""))),
+             ((regional("B", "Beta", "eu"),), (("u3", row(uid="u3", account="Beta")),)),
+             # a user that moves to an 'eu' account appears; one that moves out of 'eu' is retracted
+             ((user("u1", "B"),), (("u1", row(uid="u1", account="Beta")),)),
+             ((user("u3", "A"),), (("u3", ""),)),
+             # a matching account's delete (LEFT: its columns NULL, which does not match) retracts its users
+             ((account("B", None),), (("u1", ""),)),
+             # changes of rows that match neither before nor now send nothing; A's return brings back u3 (u2 left)
+             ((user("u2", "C"), account("C", None)), ()),
+             ((regional("A", "Acme 2", "eu"),), (("u3", row(uid="u3", account="Acme 2")),)),
+         ),
+         joined=(("accounts", "id STRING, name STRING, region STRING", "id"),)),
 ]
 
 

@@ -154,7 +154,7 @@ def test_a_value_of_the_wrong_type_names_the_table_and_column():
 
 def test_result_rows_and_topic_messages_in_the_seeds_json():
     plan = build_plan(COUNT_SQL.read_text())
-    rows = pa.table({"op": ["upsert", "delete", "dead", "before"], "key": [None, None, "x", "y"],
+    rows = pa.table({"op": ["upsert", "delete", "dead", "skip"], "key": [None, None, "x", "y"],
                      "s0_accountId": ["101", "100", None, None], "agg1": [3, None, None, None],
                      "source_topic": [None, None, "users", None], "source_partition": [None, None, -1, None],
                      "source_message_id": [None, None, "1:2:-1:-1", None], "payload": [None, None, "{", None],

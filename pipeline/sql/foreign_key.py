@@ -16,15 +16,15 @@ a driving row's delete retracts its row. The query::
       [─ GROUP BY: GroupAggregate, as over UpsertJoin's joined rows (pipeline/sql/runner.py)]
 
 A driving row that moves from foreign key a to b in one batch gets its ``before`` from a and its
-``after`` from b, in either order; :func:`resolve_retractions` sends the ``after``.
+``after`` from b, in either order; the sink sends what changed (pipeline/sql/sink.py
+resolve_changes, as for every join), so a WHERE on the referenced table's columns retracts a row
+whose referenced row stops matching.
 
 The checks here are pure and run at ``--check`` (pipeline/sql/plan.py); the rest runs on Spark.
 """
 
 from __future__ import annotations
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from sqlglot import exp
 
 from pipeline.sql.dialect import Flink
@@ -47,14 +47,11 @@ def check_foreign_key_types(text: str, driving: Table, column: str, table: Table
                              "a foreign key of the referenced key's type")
 
 
-def check_foreign_key_join(joins: list[exp.Join], where_joined: str | None, settings: dict[str, str]) -> None:
+def check_foreign_key_join(joins: list[exp.Join], settings: dict[str, str]) -> None:
     """Refuse, in one line, what a foreign-key join does not run with yet."""
     if len(joins) > 1:
         texts = ", ".join(repr(j.sql(dialect=Flink).strip()) for j in joins)
         raise UnsupportedSql(f"a foreign-key JOIN with other JOINs ({texts}) is not supported yet; supported: {FK_JOIN}")
-    if where_joined:
-        raise UnsupportedSql("WHERE on a foreign-key JOIN's joined table is not supported yet; supported: WHERE on "
-                             "the driving table's columns")
     if state_ttl_ms(settings):
         raise UnsupportedSql("SET 'table.exec.state.ttl' with a foreign-key JOIN is not supported yet; supported: "
                              "'0' (state kept for every key)")
@@ -86,20 +83,3 @@ def apply_foreign_key_join(rows, plan, sides: list[list[str]]):
     spec = (jvm.ForeignKeySpec().foreignKey(FOREIGN_KEY_COLUMN).key("key").op("op").driving(sides[0])
             .referenced(sides[1]).readOrder(order).inner(1 in plan.inner))
     return DataFrame(jvm.ForeignKeyJoin.apply(both._jdf, spec), spark)
-
-
-def resolve_retractions(rows: pa.Table) -> pa.Table:
-    """A join's batch as the sink sends it: per driving key, the ``after`` row (the joined row now);
-    a ``before`` alone (the row sent before is gone) becomes a ``delete``; a ``before`` beside an
-    ``after`` (the row changed, or moved to another foreign key value) is skipped, in either order.
-
-    # in:  {"key": "u1", "op": "before"}, {"key": "u1", "op": "after"}, {"key": "u2", "op": "before"}
-    # out: {"key": "u1", "op": "skip"},   {"key": "u1", "op": "after"}, {"key": "u2", "op": "delete"}
-    """
-    ops = rows["op"]
-    upserted = rows.filter(pc.equal(ops, "after"))["key"]
-    moved = pc.is_in(rows["key"], value_set=upserted.combine_chunks() if upserted.num_chunks
-                     else pa.array([], pa.string()))
-    retract = pc.fill_null(pc.equal(ops, "before"), False)
-    op = pc.if_else(retract, pc.if_else(pc.fill_null(moved, False), "skip", "delete"), ops)
-    return rows.set_column(rows.schema.get_field_index("op"), "op", op)

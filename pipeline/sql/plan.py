@@ -182,10 +182,10 @@ def build_query(insert: exp.Insert, tables: dict[str, Table], statements: tuple[
     where_sql, where_joined = query.where(where.this) if where else (None, None)
     if foreign_key:
         from pipeline.sql.foreign_key import check_foreign_key_join
-        check_foreign_key_join(joins, where_joined, settings or {})
+        check_foreign_key_join(joins, settings or {})
         query.reads.append((0, foreign_key))
     # an inner join as Flink means it on upsert tables: the joined row is there while each inner
-    # side has its row, and retracted (filter_joined, as a WHERE on a joined table) when one goes;
+    # side has its row, and retracted (resolve_changes, as a WHERE on a joined table) when one goes;
     # a foreign-key join's operator decides that itself (pipeline/sql/foreign_key.py)
     present = [f"`{present_field(side)}`" for side in inner if not foreign_key] + ([where_joined] if where_joined else [])
     where_joined = None if not present else present[0] if len(present) == 1 else f"({' AND '.join(present)})"

@@ -153,7 +153,7 @@ def apply_operators(rows, plan: Plan):
     aggregate = plan.kind == "aggregate"
     # a WHERE on a joined table's column (or an inner join's "each inner side has a row") needs
     # each key's row as it was (op "before") to know whether that row was sent
-    # (pipeline/sql/sink.py filter_joined)
+    # (pipeline/sql/sink.py resolve_changes)
     ttl_ms = state_ttl_ms(plan.settings)  # table.exec.state.ttl: 0 keeps every key
     join = (jvm.JoinSpec().key("key").side("side").op("op").sides(sides)
             .readOrder(["source_partition", "position"]).emitBefore(aggregate or plan.where_joined is not None)
@@ -203,7 +203,7 @@ def apply_having(out, plan: Plan):
     """HAVING as Flink means it: a group's row is sent while it passes, and retracted once when it
     stops. A second UpsertJoin, keyed by the result's key (JSON-encoded, so that a NULL key stays
     apart), gives each changed group's row before and after the batch; pipeline/sql/sink.py
-    filter_joined sends what changed. It has no TTL of its own: a group that
+    resolve_changes sends what changed. It has no TTL of its own: a group that
     ``table.exec.state.ttl`` dropped comes as an ``expire`` row, which drops the group's last row
     here too and sends nothing, so the group's next row is sent if it passes, as Flink's filter does.
 

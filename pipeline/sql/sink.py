@@ -26,13 +26,14 @@ import pyarrow.compute as pc
 from pipeline.errors import SinkError
 from pipeline.sinks import SCHEMAS, TS, DeltaSinks
 from pipeline.sql.envelope import field_name
-from pipeline.sql.foreign_key import resolve_retractions
 from pipeline.sql.plan import Plan
 
 SQL_SINKS = ("result", "dead_letter")
 ARROW_TYPES = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(), "double": pa.float64(),
                "boolean": pa.bool_()}
-UPSERT_OPS = ("after", "upsert")
+SENT_OPS = ("after", "upsert", "delete")  # what reaches the topic and ``result``
+# and what does not: a change resolve_changes found nothing to send for, a dead letter (build_dead_letters)
+KNOWN_OPS = (*SENT_OPS, "skip", "dead")
 
 
 def result_schema(plan: Plan) -> pa.Schema:
@@ -53,35 +54,51 @@ def output_field(plan: Plan, name: str) -> str | None:
     return None
 
 
-def filter_joined(rows: pa.Table) -> pa.Table:
-    """A WHERE on a joined table's column, as Flink means it: per key, the joined row now (op
-    ``after``) is sent if it passes (``_pass``); if not, or if the key was deleted, a delete is
-    sent only when the row as it was before the batch (op ``before``) passed, i.e. was sent.
-    UpsertJoin gives at most one ``before`` and one ``after`` or ``delete`` per key and batch.
+def resolve_changes(rows: pa.Table) -> pa.Table:
+    """An operator's rows as the topic needs them: one change per key, or none. UpsertJoin (with
+    emitBefore), ForeignKeyJoin and HAVING's join give per changed key the row as it was sent before
+    the batch (op ``before``, when it was there) and the row now (``after``), or ``delete`` when the
+    driving row went; ``_pass`` (when there: WHERE on a joined table, an inner side, HAVING) says
+    whether a row passes, as Flink's filter does: the ``after`` is sent if it passes; a ``before``
+    that passed (it was sent) and has no passing ``after`` becomes the key's delete; an operator's
+    ``delete`` is sent only where it comes without a ``before`` (UpsertJoin without emitBefore: the
+    row was sent), else the ``before`` decided. A key's ``before`` and ``after`` come in either order
+    (a foreign key that moved gets them from its old and new value). Other ops pass unchanged.
 
-    # in:  {"key": "u1", "op": "before", "_pass": true}, {"key": "u1", "op": "after", "_pass": false}, …
-    # out: {"key": "u1", "op": "delete", …}  (rows with nothing to send get op "skip")
+    # in:  {"key": "u1", "op": "before", "_pass": true}, {"key": "u1", "op": "after", "_pass": false},
+    #      {"key": "u2", "op": "before"}, {"key": "u2", "op": "after"}, {"key": "u3", "op": "before"}
+    # out: {"key": "u1", "op": "delete"}, {"key": "u1", "op": "skip"},
+    #      {"key": "u2", "op": "skip"},   {"key": "u2", "op": "after"},  {"key": "u3", "op": "delete"}
     """
-    ops, passed = rows["op"], pc.fill_null(rows["_pass"], False)
-    sent_before = rows.filter(pc.and_(pc.equal(ops, "before"), passed))["key"]
-    was_sent = pc.is_in(rows["key"], value_set=sent_before.combine_chunks() if sent_before.num_chunks
-                        else pa.array([], pa.string()))
-    is_after, is_delete = pc.equal(ops, "after"), pc.equal(ops, "delete")
-    op = pc.if_else(pc.and_(is_after, passed), "after",
-                    pc.if_else(pc.and_(pc.or_(is_after, is_delete), was_sent), "delete",
-                               pc.if_else(pc.or_(pc.or_(is_after, is_delete), pc.equal(ops, "before")), "skip", ops)))
+    ops, keys = rows["op"].combine_chunks(), rows["key"].combine_chunks()
+    passed = (pc.fill_null(rows["_pass"].combine_chunks(), False) if "_pass" in rows.column_names
+              else pa.array([True] * rows.num_rows, pa.bool_()))
+
+    def keys_with(condition) -> pa.Array:
+        return pc.fill_null(pc.is_in(keys, value_set=keys.filter(condition)), False)
+
+    is_before, is_after = pc.equal(ops, "before"), pc.equal(ops, "after")
+    has_before, sent_now = keys_with(is_before), keys_with(pc.and_(is_after, passed))
+    op = pc.case_when(
+        pa.StructArray.from_arrays([pc.and_(is_after, passed), is_after,
+                                    pc.and_(pc.and_(is_before, passed), pc.invert(sent_now)), is_before,
+                                    pc.and_(pc.equal(ops, "delete"), has_before)],
+                                   ["send", "unsent", "retract", "kept", "decided"]),
+        "after", "skip", "delete", "skip", "skip", ops)
     return rows.set_column(rows.schema.get_field_index("op"), "op", op)
 
 
 def build_result(plan: Plan, rows: pa.Table, batch_id: int, now_ms: int) -> pa.Table:
     """The batch's ``result`` rows from the query's output rows (upserts and deletes only)."""
     schema = result_schema(plan)
-    if plan.foreign_key and plan.kind == "join" and rows.num_rows:
-        rows = resolve_retractions(rows)
-    if ((plan.where_joined and plan.kind == "join") or plan.having) and rows.num_rows:
-        rows = filter_joined(rows)
-    ops = rows["op"]
-    changed = rows.filter(pc.is_in(ops, pa.array(list(UPSERT_OPS) + ["delete"])))
+    if (plan.kind == "join" or plan.having) and rows.num_rows:
+        rows = resolve_changes(rows)
+    ops = pc.fill_null(rows["op"], "null")
+    unknown = pc.unique(rows.filter(pc.invert(pc.is_in(ops, pa.array(KNOWN_OPS))))["op"]).to_pylist()
+    if unknown:  # an operator's row the pipeline should have consumed (e.g. an expire row: runner.py drops it)
+        raise SinkError(f"INSERT INTO {plan.target.name}: the operators emitted op {unknown[0]!r}, which the sink "
+                        f"does not send; expected one of {', '.join(KNOWN_OPS)}")
+    changed = rows.filter(pc.is_in(ops, pa.array(SENT_OPS)))
     n = changed.num_rows
     is_delete = pc.equal(changed["op"], "delete")
     columns = {"_op": pc.if_else(is_delete, "delete", "upsert")}
