@@ -132,3 +132,15 @@ def test_an_op_the_pipeline_should_have_consumed_fails_the_batch_naming_it():
     with pytest.raises(SinkError, match=re.escape("INSERT INTO out: the operators emitted op 'expire', which the "
                                                   "sink does not send")):
         build_result(plan, rows, batch_id=1, now_ms=0)
+
+
+def test_check_says_it_plans_a_foreign_key_join(capsys, tmp_path):
+    from pipeline.cli import main
+    from sqlhelp import SQL_DIR
+
+    code = main(["--data-dir", str(tmp_path), "sql", str(SQL_DIR / "users_with_their_account.sql"), "--check"])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert lines[0].startswith("users_with_their_account: join of users <- ")
+    assert lines[1] == ("  foreign-key join (LEFT): users.accountId = accounts.id, keyed by the foreign key value "
+                        "(ForeignKeyJoin): a changed accounts row updates the users rows referencing it")

@@ -86,6 +86,18 @@ def describe_spark_sql(plan) -> list[str]:
     return lines
 
 
+def describe_joins(plan) -> list[str]:
+    """How a plan joins, one line each (``--check`` prints them): a foreign-key join's columns and
+    operator (pipeline/sql/foreign_key.py); a join on the primary keys is UpsertJoin's, said by the plan's kind."""
+    if not plan.foreign_key:
+        return []
+    driving, referenced = plan.sides[0], plan.sides[1]
+    kind = "INNER" if 1 in plan.inner else "LEFT"
+    return [f"foreign-key join ({kind}): {driving.name}.{plan.foreign_key} = {referenced.name}.{referenced.primary_key}, "
+            f"keyed by the foreign key value (ForeignKeyJoin): a changed {referenced.name} row updates the "
+            f"{driving.name} rows referencing it"]
+
+
 def launch(settings: Settings, files: list[str], statements: list[str] | None, name: str | None,
            topic_flags: list[str] | None, check: bool, samples: bool, max_batches: int) -> int:
     plans = load_plans(files, statements, name, parse_topic_flags(topic_flags))
@@ -96,7 +108,7 @@ def launch(settings: Settings, files: list[str], statements: list[str] | None, n
             for plan in inserts:
                 sources = ", ".join(f"{t.name} <- {t.topic}" for t in plan.sides)
                 print(f"{pipeline}: {plan.kind} of {sources} into {plan.target.name} -> {plan.target.topic}")
-                for line in describe_spark_sql(plan):
+                for line in describe_joins(plan) + describe_spark_sql(plan):
                     print(f"  {line}")
         return 0
     from pipeline.job import connect_broker
