@@ -69,8 +69,9 @@ apache-pulsar: $(STAMP)
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq maven >/dev/null; }
 	@$(PY) -m pipeline.feed.apache_broker fetch >/dev/null
 
+# Three pytest sessions, the Apache Pulsar tier beside the other two (tests/tiers.py).
 test: setup apache-pulsar
-	$(PY) -m pytest -q
+	$(PY) -m tests.tiers
 
 # The fast tier: every test that starts no broker and no Spark (about 600), on one pytest worker
 # per core: 49 s on this 2-core machine against 85 s on one.
