@@ -1,8 +1,9 @@
 """The Flink SQL dialect of the seed's statements, as a sqlglot dialect.
 
 sqlglot's Spark dialect reads the seed's statements except Flink's metadata columns
-(``eventTime TIMESTAMP(3) METADATA``, ``topic STRING METADATA VIRTUAL``, ``… METADATA FROM 'key'``);
-this dialect adds those two column constraints and nothing else. Parsing only: nothing here
+(``eventTime TIMESTAMP(3) METADATA``, ``topic STRING METADATA VIRTUAL``, ``… METADATA FROM 'key'``)
+and the DDL's ``WATERMARK FOR col AS expr`` (read as sqlglot's RisingWave dialect reads it);
+this dialect adds those and nothing else. Parsing only: nothing here
 runs SQL.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from sqlglot import exp
 from sqlglot.dialects.spark import Spark
+from sqlglot.tokens import TokenType
 
 
 class MetadataColumnConstraint(exp.Expression, exp.ColumnConstraintKind):
@@ -30,14 +32,18 @@ def _parse_metadata(parser) -> MetadataColumnConstraint:
 
 
 class Flink(Spark):
-    """Spark's dialect plus Flink's ``METADATA [FROM '…'] [VIRTUAL]`` column constraints."""
+    """Spark's dialect plus Flink's ``METADATA [FROM '…'] [VIRTUAL]`` column constraints and ``WATERMARK FOR``."""
 
     class Parser(Spark.Parser):
         CONSTRAINT_PARSERS = {
             **Spark.Parser.CONSTRAINT_PARSERS,
             "METADATA": _parse_metadata,
             "VIRTUAL": lambda self: self.expression(VirtualColumnConstraint()),
+            "WATERMARK": lambda self: self.expression(exp.WatermarkColumnConstraint(
+                this=self._match(TokenType.FOR) and self._parse_column(),
+                expression=self._match(TokenType.ALIAS) and self._parse_disjunction())),
         }
+        SCHEMA_UNNAMED_CONSTRAINTS = {*Spark.Parser.SCHEMA_UNNAMED_CONSTRAINTS, "WATERMARK"}
 
     class Generator(Spark.Generator):
         TRANSFORMS = {

@@ -19,7 +19,8 @@ The supported subset (DESIGN.md §11):
     or one expression of every group column; over JOINs, the joined rows are grouped);
   - ``SELECT expressions FROM t [a] [LEFT [OUTER] | [INNER] JOIN t2 [b] ON a.pk = b.pk]… [WHERE …]``
     (every join on the two tables' primary keys, or one join of the driving table's column to the
-    joined table's primary key, a foreign-key join: pipeline/sql/foreign_key.py; WHERE's conditions on the driving table run
+    joined table's primary key, a foreign-key join: pipeline/sql/foreign_key.py; or one event-time temporal
+    join, ``[LEFT] JOIN t2 FOR SYSTEM_TIME AS OF a.time``: pipeline/sql/temporal.py; WHERE's conditions on the driving table run
     before the operators, the others on the joined rows, with an inner join's "its side has a
     row"; the target's primary key is the driving table's).
   Expressions are translated to Spark SQL (pipeline/sql/expressions.py, pipeline/sql/select.py)
@@ -40,6 +41,7 @@ from pipeline.sql.tables import Column, Table, build_table
 
 if TYPE_CHECKING:
     from pipeline.sql.select import AggregateCall, Derived
+    from pipeline.sql.temporal import Temporal
 
 AGGREGATES = {exp.Count: "COUNT", exp.Sum: "SUM", exp.Min: "MIN", exp.Max: "MAX"}
 SHAPES = ("SELECT … FROM t [JOIN …] [WHERE …] GROUP BY … [HAVING …] with COUNT, SUM, MIN, MAX, AVG; "
@@ -95,6 +97,7 @@ class Plan:
     inner: tuple[int, ...] = ()  # the sides joined by an [INNER] JOIN: a result row needs their row
     settings: tuple[tuple[str, str], ...] = ()  # the script's SET 'key' = 'value' (pipeline/sql/settings.py)
     foreign_key: str | None = None  # a foreign-key join: the driving table's column equated with sides[1]'s key
+    temporal: "Temporal | None" = None  # FOR SYSTEM_TIME AS OF: pipeline/sql/temporal.py
 
     @property
     def derived_on_joined_rows(self) -> bool:
@@ -160,16 +163,19 @@ def build_query(insert: exp.Insert, tables: dict[str, Table], statements: tuple[
     driving = select.args["from_"].this
     if not isinstance(driving, exp.Table):
         raise UnsupportedSql(f"FROM {driving.sql(dialect=Flink)} is not supported; supported: FROM a table")
-    for table in [driving, *(join.this for join in select.args.get("joins") or [])]:
-        if isinstance(table, exp.Table) and table.args.get("version") is not None:
-            # refused, not run as a regular join: the versions would be today's, not as of the time
-            raise UnsupportedSql(f"{table.sql(dialect=Flink)!r}: FOR SYSTEM_TIME AS OF (a temporal join) is not "
-                                 f"supported yet; supported: {SHAPES}")
+    joins = select.args.get("joins") or []
+    if driving.args.get("version") is not None or any(j.this.args.get("version") is not None for j in joins[1:]):
+        # refused, not run as a regular join: the versions would be today's, not as of the time
+        from pipeline.sql.temporal import TEMPORAL
+        raise UnsupportedSql(f"FOR SYSTEM_TIME AS OF on {'FROM' if driving.args.get('version') else 'a second JOIN'} "
+                             f"is not supported; supported: {TEMPORAL}")
     sides = [_table(tables, driving.name, "FROM")]
     aliases = {(driving.alias_or_name).lower(): 0, driving.name.lower(): 0}
-    inner, foreign_key = [], None
-    joins = select.args.get("joins") or []
-    for join in joins:
+    inner, foreign_key, temporal = [], None, None
+    if joins and isinstance(joins[0].this, exp.Table) and joins[0].this.args.get("version") is not None:
+        from pipeline.sql.temporal import plan_temporal_join
+        temporal = plan_temporal_join(select, tables, sides, aliases, settings or {})
+    for join in joins if temporal is None else []:
         side, referencing = _join(join, tables, sides, aliases)
         if join.side != "LEFT":
             inner.append(side)
@@ -178,6 +184,12 @@ def build_query(insert: exp.Insert, tables: dict[str, Table], statements: tuple[
         foreign_key = foreign_key or referencing
     group = select.args.get("group")
     query = Query(sides, aliases, metadata=not group)
+    if temporal is not None:  # the join's and the times' columns, which no expression may read
+        query.reads += [(0, temporal.join_column), (0, temporal.left_time), (1, temporal.right_time),
+                        (1, sides[1].primary_key)]
+    else:
+        from pipeline.sql.temporal import refuse_timestamp_columns
+        refuse_timestamp_columns(sides)
     where = select.args.get("where")
     where_sql, where_joined = query.where(where.this) if where else (None, None)
     if foreign_key:
@@ -201,7 +213,7 @@ def build_query(insert: exp.Insert, tables: dict[str, Table], statements: tuple[
                 where=where_sql, where_joined=where_joined, having=having_sql, derived=tuple(query.derived), aggregates=tuple(query.aggregates),
                 group_fields=tuple(query.group_fields), reads=tuple(query.reads),
                 group_labels=tuple(g.sql(dialect=Flink) for g in (group.expressions if group else [])), inner=tuple(inner),
-                settings=tuple(sorted((settings or {}).items())), foreign_key=foreign_key)
+                settings=tuple(sorted((settings or {}).items())), foreign_key=foreign_key, temporal=temporal)
     _check_key(plan)
     _check_types(plan)
     return plan

@@ -21,9 +21,11 @@ def build_sql_progress_row(progress: dict, sink_rows: dict | None) -> dict:
     """
     ts = int(datetime.strptime(progress["timestamp"], "%Y-%m-%dT%H:%M:%S.%fZ")
              .replace(tzinfo=timezone.utc).timestamp() * 1000)
-    source = (progress.get("sources") or [{}])[0]
-    topics = topic_rows(_offset(source.get("startOffset")), _offset(source.get("endOffset")),
-                        _offset(source.get("latestOffset")), rows_from_progress(progress))
+    # one source, or one per table (a temporal join's): their topics' offsets together
+    sources = progress.get("sources") or [{}]
+    start, end, latest = ({topic: offset for source in sources for topic, offset in _offset(source.get(part)).items()}
+                          for part in ("startOffset", "endOffset", "latestOffset"))
+    topics = topic_rows(start, end, latest, rows_from_progress(progress))
     backlogs = [topic["backlog"] for topic in topics if topic["backlog"] is not None]
     operators = progress.get("stateOperators") or []
     counts = sink_rows or {}

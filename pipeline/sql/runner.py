@@ -6,6 +6,8 @@
       ─ UpsertJoin (keyed by primary key) [─ GroupAggregate (keyed by group) for GROUP BY ─ Spark: HAVING]
       ─ Spark: SELECT expressions ─ foreachBatch(topic + Parquet sinks)
 
+(a temporal join's query, a source and watermark per table: pipeline/sql/temporal_stream.py).
+
 Everything of a pipeline lives under ``<data_dir>/sql/<name>/`` (pipeline/store.py):
 ``checkpoint/``, ``staging/`` and ``sinks/`` (pipeline/sql/sink.py), ``metrics/`` (progress
 and events, as the job's metrics store) and ``pipeline.json`` (its statements, tables and
@@ -38,6 +40,7 @@ from pipeline.sql.foreign_key import apply_foreign_key_join
 from pipeline.sql.plan import Plan, present_field
 from pipeline.sql.progress import build_sql_progress_row
 from pipeline.sql.settings import state_ttl_ms
+from pipeline.sql.source import read_source
 from pipeline.sql.statement_set import build_set_frame, result_sink, write_set_batch
 from pipeline.sql.sink import (SqlSinkWriter, build_dead_letters, build_messages, build_result, output_field,
                                send_messages, split_unsendable)
@@ -71,6 +74,8 @@ def plan_fingerprint(plan: Plan) -> str:
         parts.append(computed)  # a plan of plain columns and aggregates keeps the fingerprint it had
     if plan.foreign_key:
         parts.append(["foreign key", plan.foreign_key])  # two operators keyed otherwise than a key join's one
+    if plan.temporal is not None:
+        parts.append(["temporal", plan.temporal.__dict__])  # a versioned lookup and a join keyed otherwise
     if state_ttl_ms(plan.settings):
         # TTL'd state and timers are another layout (its length is not: it may change on a restart)
         parts.append("state ttl")
@@ -173,12 +178,19 @@ def apply_operators(rows, plan: Plan):
         out = DataFrame(jvm.GroupAggregate.apply(out._jdf, spec), spark)
         if ttl_ms and not plan.having:
             out = out.where(~F.col("op").eqNullSafe("expire"))  # a group the TTL dropped: nothing to send
-    computed = [F.expr(f"TRY_CAST({o.expression} AS {o.spark_type.upper() if o.spark_type != 'null' else 'STRING'})")
-                .alias(f"out{i}") for i, o in enumerate(plan.outputs) if o.expression]
-    out = out.select("*", *computed) if computed else out
+    out = select_outputs(out, plan)
     if aggregate and plan.having:
         out = apply_having(out, plan)
     return out
+
+
+def select_outputs(out, plan: Plan):
+    """The SELECT's expressions evaluated on the operators' rows, as ``out<i>`` columns."""
+    from pyspark.sql import functions as F
+
+    computed = [F.expr(f"TRY_CAST({o.expression} AS {o.spark_type.upper() if o.spark_type != 'null' else 'STRING'})")
+                .alias(f"out{i}") for i, o in enumerate(plan.outputs) if o.expression]
+    return out.select("*", *computed) if computed else out
 
 
 def apply_joined_where(out, plan: Plan):
@@ -243,26 +255,6 @@ def apply_where(rows, plan: Plan):
     return rows
 
 
-def read_source(spark, settings: Settings, tables, name: str, service_url: str):
-    """The pipeline's source: every table's topic, read from the earliest message, counted per partition.
-
-    # {"kind": "users", "topic": …, "partition": -1, "message_id": "…", "position": 3, "key": "100-1", "value": b"…"}
-    """
-    from pipeline.source.counts import list_topic_partitions, observe_rows
-    from pipeline.source.datasource import PulsarDataSource
-
-    spark.dataSource.register(PulsarDataSource)
-    topics = ",".join(f"{table.name}={table.topic}" for table in tables)
-    source = (spark.readStream.format("pulsar").option("service_url", service_url).option("topics", topics)
-              .option("maxRowsPerBatch", settings["job.max_rows_per_batch"])
-              .option("maxBytesPerBatch", settings["job.max_bytes_per_batch"])
-              .option("statsDir", str(store.sql_dir(settings.data_dir, name) / "source-stats"))
-              .option("startingOffsets", "earliest").load())
-    # the source's offsets count broker entries; each batch's messages are counted here
-    return observe_rows(source, list_topic_partitions(service_url, {t.name: t.topic for t in tables},
-                                                      settings["pulsar.auth_token"]))
-
-
 def source_tables(plans: tuple[Plan, ...]) -> list:
     """Every table the INSERTs read, each once, in the order first read."""
     found = {}
@@ -274,11 +266,14 @@ def source_tables(plans: tuple[Plan, ...]) -> list:
 
 def build_query(spark, settings: Settings, plans: tuple[Plan, ...], name: str, service_url: str, writer: SqlSinkWriter,
                 producers: list, guard=lambda write: write):
-    source = read_source(spark, settings, source_tables(plans), name, service_url)
-    if len(plans) == 1:
+    if plans[0].temporal is not None:  # one INSERT (script.py refuses one in a statement set)
+        from pipeline.sql.temporal_stream import build_temporal_frame
+        out = build_temporal_frame(spark, settings, plans[0], name, service_url)
+    elif len(plans) == 1:
+        source = read_source(spark, settings, source_tables(plans), name, service_url)
         out = apply_operators(source.mapInArrow(make_parser(plans[0]), envelope_ddl(plans[0])), plans[0])
     else:
-        out = build_set_frame(source, plans, apply_operators)
+        out = build_set_frame(read_source(spark, settings, source_tables(plans), name, service_url), plans, apply_operators)
 
     def write_batch(batch_df, batch_id: int) -> None:
         import time

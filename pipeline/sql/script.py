@@ -108,6 +108,9 @@ def build_pipeline(text: str, topic_map: dict[str, str] | None = None) -> tuple[
     if not inserts:
         raise UnsupportedSql(f"0 INSERT INTO statements; supported: one or more INSERT INTO … SELECT … ({STATEMENTS})")
     plans = tuple(build_query(insert, known, statements, seen, settings) for insert, known, seen in inserts)
+    if len(plans) > 1 and any(plan.temporal is not None for plan in plans):
+        raise UnsupportedSql("a temporal join (FOR SYSTEM_TIME AS OF) in a statement set is not supported: it reads "
+                             "its tables with a watermark each; supported: its INSERT alone in a script")
     targets = [plan.target.name.lower() for plan in plans]
     twice = sorted({t for t in targets if targets.count(t) > 1})
     if twice:

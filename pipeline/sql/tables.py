@@ -2,8 +2,9 @@
 
 Pure: :func:`build_table` reads a sqlglot ``Create`` (the Flink dialect of pipeline/sql/dialect.py)
 and returns the table's columns (payload columns typed as declared, METADATA columns as
-pipeline/sql/metadata.py reads them), its one-column primary key (the message key) and its
-topic, or raises :class:`UnsupportedSql` with one line naming what is not supported.
+pipeline/sql/metadata.py reads them), its one-column primary key (the message key), its topic and
+its ``WATERMARK FOR`` (pipeline/sql/temporal.py reads it), or raises :class:`UnsupportedSql` with
+one line naming what is not supported.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class Table:
     primary_key: str
     topic: str
     options: tuple[tuple[str, str], ...]
+    watermark: tuple[str, int] | None = None  # WATERMARK FOR col AS col - INTERVAL: (col, delay in ms)
 
     @property
     def payload_columns(self) -> tuple[Column, ...]:
@@ -50,9 +52,13 @@ class Table:
 
 def build_table(create: exp.Create, topic_map: dict[str, str]) -> Table:
     name = create.this.this.name
-    columns, primary_key = [], None
+    columns, primary_key, watermark = [], None, None
     for item in create.this.expressions:
-        if isinstance(item, exp.PrimaryKey):
+        if isinstance(item, exp.WatermarkColumnConstraint):
+            if watermark is not None:
+                raise UnsupportedSql(f"table {name!r} has two WATERMARK FOR clauses; supported: one")
+            watermark = item
+        elif isinstance(item, exp.PrimaryKey):
             keys = [key.name for key in item.expressions]
             if len(keys) != 1:
                 raise UnsupportedSql(f"table {name!r}: PRIMARY KEY ({', '.join(keys)}) has {len(keys)} columns; "
@@ -72,14 +78,17 @@ def build_table(create: exp.Create, topic_map: dict[str, str]) -> Table:
                 if metadata_problem(key, sql_type) is None:
                     column = replace(column, spark_type=METADATA_KEYS[key][0])
             else:
-                column = Column(item.name, sql_type, PAYLOAD_TYPES.get(base))
+                # TIMESTAMP(3): a temporal join's time attribute (pipeline/sql/temporal.py), JSON text
+                millis = sql_type.upper() == "TIMESTAMP" and [p.sql() for p in item.args["kind"].expressions] == ["3"]
+                column = (Column(item.name, "TIMESTAMP(3)", "timestamp") if millis
+                          else Column(item.name, sql_type, PAYLOAD_TYPES.get(base)))
                 if column.spark_type is None:
                     raise UnsupportedSql(f"table {name!r} column {item.name!r}: type {sql_type} is not supported; "
-                                         f"supported: {SUPPORTED_TYPES} (or METADATA columns)")
+                                         f"supported: {SUPPORTED_TYPES}, TIMESTAMP(3) (or METADATA columns)")
             columns.append(column)
         else:
             raise UnsupportedSql(f"table {name!r}: {item.sql(dialect=Flink)!r} is not supported; "
-                                 "supported: columns and PRIMARY KEY (k) NOT ENFORCED")
+                                 "supported: columns, WATERMARK FOR and PRIMARY KEY (k) NOT ENFORCED")
     if primary_key is None:
         raise UnsupportedSql(f"table {name!r} has no PRIMARY KEY; supported: PRIMARY KEY (k) NOT ENFORCED "
                              "(an upsert table is keyed by its message key)")
@@ -100,6 +109,9 @@ def build_table(create: exp.Create, topic_map: dict[str, str]) -> Table:
         raise UnsupportedSql(f"table {name!r}: WITH has no 'topic'; supported: 'topic' = 'persistent://tenant/ns/name'")
     topic = topic_map.get(name, topic_map.get(options["topic"], options["topic"]))
     table = Table(name, tuple(columns), primary_key, topic, tuple(sorted(options.items())))
+    if watermark is not None:
+        from pipeline.sql.temporal import build_watermark
+        table = replace(table, watermark=build_watermark(table, watermark))
     key_column = table.column(primary_key)
     if key_column.metadata or key_column.spark_type != "string":
         raise UnsupportedSql(f"table {name!r}: PRIMARY KEY column {primary_key!r} is {key_column.sql_type}; "

@@ -1,0 +1,186 @@
+"""A temporal join's Spark query: each table's source and watermark, VersionedLookup, and the result per key.
+
+Called on the driver while the query is built (pipeline/sql/runner.py build_query); the plan is
+pipeline/sql/temporal.py's. The query::
+
+    source(driving table) ─ parse + times ─ watermark(its WATERMARK delay) ─┐
+    source(versioned table) ─ parse + times ─ watermark(its delay) ──────────┴ union (Spark keeps the
+      least watermark) ─ WHERE on the driving table ─ VersionedLookup (keyed by the join value)
+      ─ matched? ─ UpsertJoin (keyed by the driving key) ─ SELECT expressions ─ sink (a join's)
+
+- Times: a row's time is its time attribute; a tombstone (no payload) is placed at its message's
+  event time, or its publish time when the producer set none. An upsert whose time attribute is
+  NULL or unreadable is a dead letter: it cannot be placed in time.
+- Each table has its own source, so its own watermark node: its newest time minus its WATERMARK
+  delay, and the join's watermark is the least of the two, as Flink's (a table that has sent
+  nothing yet does not hold it back: Spark leaves a node without rows out).
+- VersionedLookup (pipeline/jvm/, the job's event-time operator) keeps each join value's versions
+  and decides a driving row once the watermark passes its time, with the version current then
+  (``maxWait`` 0: none after it). Its key is a whole number, so the join value is keyed by its
+  64-bit hash, and the version's own key is carried with it: a version of another key that
+  shares the hash is never joined (the row becomes a dead letter naming it).
+- A driving row first read below the watermark is late: joined with no version (INNER drops it,
+  LEFT pads it with NULLs). Flink would still join it with the versions it keeps.
+- The decided rows go through an UpsertJoin keyed by the driving table's key, with the row as it
+  was sent before: per key the row decided last is the result (of one batch, the one read last);
+  a driving tombstone, decided at its time too, deletes the key's row; an INNER row without a
+  version (or failing WHERE on the versioned table) retracts what was sent for its key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timezone
+
+from pipeline import wire
+from pipeline.config import Settings
+from pipeline.sql.envelope import envelope_fields, make_parser, used_columns
+from pipeline.sql.plan import Plan, field_name
+
+WATERMARK_COLUMN = "_watermark_time"
+EXTRA_FIELDS = [("kind", "string"), ("event_ms", "bigint")]  # the table's name; the row's time in epoch ms
+# VersionedLookup's working columns (statefulstreams.LookupSpec); what it writes is read here only
+LOOKUP_FIELDS = [("join_hash", "bigint"), ("join_key", "string"), ("version_key", "string"),
+                 ("lookup_role", "string"), ("found", "string"), ("first_seen_ms", "bigint"), ("waited_ms", "bigint"),
+                 ("late", "bigint"), ("as_of", "bigint")]
+NEVER_FUTURE_MS = 2**62  # no driving row is "from the future" (the job's guard); times are far below it
+
+
+def as_text(plan: Plan) -> Plan:
+    """The plan the envelope parser is given: TIMESTAMP(3) payload columns read as JSON text."""
+    sides = tuple(replace(t, columns=tuple(replace(c, spark_type="string") if c.spark_type == "timestamp"
+                                           and not c.metadata else c for c in t.columns)) for t in plan.sides)
+    return replace(plan, sides=sides)
+
+
+def parse_timestamp(text: str) -> datetime:
+    """A TIMESTAMP(3) JSON value (Flink's SQL format ``2024-05-01 12:00:00.000`` or ISO-8601), in UTC."""
+    value = datetime.fromisoformat(text)
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+def decide_times(plan: Plan, row: dict, message: dict) -> dict:
+    """One envelope row with its ``event_ms`` (and its TIMESTAMP(3) text parsed), or made a dead
+    letter when its time cannot be read. Pure; runs on the executors.
+
+    # row: {"side": 0, "op": "upsert", "s0_order_time": "2024-05-01 12:00:00.000", …}
+    # -> {"side": 0, "op": "upsert", "s0_order_time": datetime(2024, 5, 1, 12, tzinfo=UTC), "event_ms": 1714564800000}
+    """
+    side, table = row["side"], plan.sides[row["side"]]
+    time_field = field_name(side, table.watermark[0])
+    row["kind"] = table.name
+    if row["op"] == "upsert":
+        for column in table.payload_columns:
+            name, text = field_name(side, column.name), row.get(field_name(side, column.name))
+            if column.spark_type == "timestamp" and isinstance(text, str):
+                try:
+                    row[name] = parse_timestamp(text)
+                except ValueError:
+                    shown = text if len(text) <= 40 else text[:37] + "..."
+                    return _dead(row, message, f"table {table.name!r} column {column.name!r}: expected TIMESTAMP(3) "
+                                               f"text such as '2024-05-01 12:00:00.000', got {shown!r}")
+        if row.get(time_field) is None:
+            return _dead(row, message, f"table {table.name!r}: its time attribute {table.watermark[0]!r} is NULL; a "
+                                       "temporal join places each row at its time")
+        row["event_ms"] = int(row[time_field].timestamp() * 1000)
+    elif row["op"] == "delete":
+        row["event_ms"] = message["event_time"] if message.get("event_time") is not None else row["published_ms"]
+    return row
+
+
+def _dead(row: dict, message: dict, error: str) -> dict:
+    return dict(row, op="dead", error=error, payload=wire.payload_text(message["value"]), event_ms=None)
+
+
+def make_temporal_parser(plan: Plan):
+    """The ``mapInArrow`` function of a temporal join's sources: the envelope parser's rows
+    (pipeline/sql/envelope.py, one per message, in order) with their times (runs on the executors)."""
+    parse = make_parser(as_text(plan))
+    fields = envelope_fields(plan) + EXTRA_FIELDS
+
+    def run(batches):
+        import pyarrow as pa
+
+        types = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(), "double": pa.float64(),
+                 "boolean": pa.bool_(), "timestamp": pa.timestamp("us", tz="UTC"),
+                 "map<string,string>": pa.map_(pa.string(), pa.string())}
+        schema = pa.schema([(name, types[kind]) for name, kind in fields])
+        for batch in batches:
+            messages = batch.select(["event_time", "value"]).to_pylist()
+            for parsed in parse(iter([batch])):
+                rows = [decide_times(plan, row, message) for row, message in zip(parsed.to_pylist(), messages)]
+                yield pa.RecordBatch.from_pylist(rows, schema=schema)
+
+    return run
+
+
+def temporal_ddl(plan: Plan) -> str:
+    return ", ".join(f"`{name}` {kind}" for name, kind in envelope_fields(plan) + EXTRA_FIELDS)
+
+
+def build_temporal_frame(spark, settings: Settings, plan: Plan, name: str, service_url: str):
+    """The query's rows up to the sink: a join's (key, op before/after/delete/dead, s<i>_…, out<i>, _pass)."""
+    from pyspark.sql import functions as F
+
+    from pipeline.sql.source import count_rows, read_topics
+
+    frames = []
+    for side, table in enumerate(plan.sides):
+        rows = read_topics(spark, settings, [table], name, service_url, stats=f"source-stats-{side}")
+        rows = rows.mapInArrow(make_temporal_parser(plan), temporal_ddl(plan))
+        # the table's watermark: its newest time minus its delay (Spark keeps the least of the two nodes)
+        frames.append(rows.withColumn(WATERMARK_COLUMN, F.timestamp_millis("event_ms"))
+                      .withWatermark(WATERMARK_COLUMN, f"{int(table.watermark[1])} milliseconds"))
+    # without the watermark column the operators see every row (a late one is decided, not dropped)
+    rows = frames[0].unionByName(frames[1]).drop(WATERMARK_COLUMN)
+    rows = count_rows(rows, settings, plan.sides, service_url, partition_column="source_partition")
+    return apply_temporal_join(rows, plan)
+
+
+def apply_temporal_join(rows, plan: Plan):
+    """Envelope rows with times through VersionedLookup and the per-key UpsertJoin.
+
+    # in:  {"key": "o1", "side": 0, "op": "upsert", "s0_user_id": "u1", "event_ms": 1714564800000, …}
+    # out: {"key": "o1", "op": "before"|"after"|"delete"|"dead", "s0_…", "s1_name": "Ada", "_pass": true, "out<i>": …}
+    """
+    from pyspark.sql import DataFrame
+    from pyspark.sql import functions as F
+
+    from pipeline.sql.runner import apply_where, select_outputs
+
+    spark = rows.sparkSession
+    jvm = spark._jvm.statefulstreams
+    temporal = plan.temporal
+    side, op = F.col("side"), F.col("op")
+    rows = apply_where(rows, plan)  # a driving row WHERE refuses is a delete of its key, at its time
+    join_key = F.when(side == 0, F.col(field_name(0, temporal.join_column))).otherwise(F.col("key"))
+    roles = (F.when(op == "dead", "pass").when((side == 1) & (op == "upsert"), "set")
+             .when(side == 1, "delete").otherwise("lookup"))
+    rows = rows.select("*", join_key.alias("join_key"), F.when(side == 1, F.col("key")).alias("version_key"),
+                       F.xxhash64(F.coalesce(join_key, F.col("key"))).alias("join_hash"), roles.alias("lookup_role"),
+                       *[F.lit(None).cast(kind).alias(n) for n, kind in LOOKUP_FIELDS[4:]])
+    used = used_columns(plan)
+    state = [field_name(s, c) for s, c in used if s == 1] + ["version_key"]
+    spec = (jvm.LookupSpec().key("join_hash").role("lookup_role").state(state).found("found")
+            .firstSeen("first_seen_ms").waited("waited_ms").readOrder(["source_partition", "position"]).maxWaitMs(0)
+            .eventMs("event_ms").late("late").asOf("as_of").allowedLatenessMs(0).futureAfterMs(NEVER_FUTURE_MS))
+    out = DataFrame(jvm.VersionedLookup.apply(rows._jdf, spec), spark)
+    # the versioned table's rows come out only as late versions (stored all the same): dropped
+    out = out.where((side == 0) | (op == "dead"))
+    found = F.col("found") == "found"
+    matched = found & F.col("version_key").eqNullSafe(F.col("join_key"))
+    collision = found & F.col("join_key").isNotNull() & ~matched & (op == "upsert")
+    out = out.select(*[F.when(matched, F.col(c)).alias(c) if c in state else F.col(c) for c in out.columns])
+    out = (out.withColumn("error", F.when(collision, F.concat(
+               F.lit(f"table {plan.sides[0].name!r}: the version found for {temporal.join_column} = "),
+               F.col("join_key"), F.lit(" is another key's of the same 64-bit hash; not joined"))).otherwise(F.col("error")))
+           .withColumn("op", F.when(collision, "dead").otherwise(op)))
+    passes = [matched] if temporal.inner else []
+    passes += [F.expr(f"coalesce({plan.where_joined}, FALSE)")] if plan.where_joined else []
+    # nullable, as every column UpsertJoin does not keep must be: its rows have nulls there
+    out = (out.withColumn("_pass", F.when(op.isNotNull(), True) if not passes else passes[0] if len(passes) == 1
+                          else passes[0] & passes[1]).drop(*[n for n, _ in LOOKUP_FIELDS]))
+    values = [field_name(s, c) for s, c in used] + ["_pass"]
+    join = (jvm.JoinSpec().key("key").side("side").op("op").sides([values])
+            .readOrder(["source_partition", "position"]).emitBefore(True))
+    return select_outputs(DataFrame(jvm.UpsertJoin.apply(out._jdf, join), spark), plan)
