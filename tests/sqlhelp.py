@@ -11,6 +11,9 @@ import duckdb
 import pulsar
 
 from app.sql_queries import current_result
+from pipeline import store
+from pipeline.sinks import table_files
+from pipeline.source.connection import id_text
 from pipeline.sql.runner import run_sql_pipeline
 
 SQL_DIR = Path(__file__).resolve().parent.parent / "data" / "sql"
@@ -29,18 +32,70 @@ def message(key: str, record: dict | None) -> tuple[str, bytes]:
     return key, b"" if record is None else json.dumps(record, separators=(",", ":")).encode()
 
 
+def send_raw(service_url: str, topic: str, messages: list[tuple], batching: bool) -> list[str]:
+    """Send (key, payload, properties, event time) messages, keys and properties as raw bytes (the
+    protocol carries any; pulsar.Producer only takes text, its message builder takes bytes), with
+    pulsar-client's default producer (no batching) or a batching one; each message's id text."""
+    import _pulsar
+
+    client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    ids: list[str | None] = [None] * len(messages)
+    refused: list[str] = []
+
+    def on_sent(index: int):
+        def done(outcome, message_id) -> None:
+            if outcome == _pulsar.Result.Ok:
+                ids[index] = id_text(message_id)
+            else:
+                refused.append(str(outcome))
+        return done
+
+    try:
+        producer = (client.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=50,
+                                           block_if_queue_full=True) if batching
+                    else client.create_producer(topic, block_if_queue_full=True))
+        for index, (key, payload, props, event_time) in enumerate(messages):
+            builder = _pulsar.MessageBuilder().content(payload)
+            if key:
+                builder.partition_key(key)
+            for name, value in (props or {}).items():
+                builder.property(name, value)
+            if event_time is not None:
+                builder.event_timestamp(event_time)
+            producer._producer.send_async(builder.build(), on_sent(index))
+        producer.flush()
+    finally:
+        client.close()
+    assert not refused and None not in ids, f"the broker refused messages to {topic}: {refused[:1]}"
+    return ids
+
+
+def sink_rows(settings, name: str, sink: str) -> list[dict]:
+    """Every committed row of one of a pipeline's Delta tables (``result``, a statement set's
+    ``result_<target>``, ``dead_letter``): the change rows, not the current result."""
+    files = table_files(store.sql_dir(settings.data_dir, name) / "sinks" / sink)
+    if not files:
+        return []
+    with duckdb.connect() as con:
+        rel = con.sql(f"SELECT * FROM read_parquet({files!r}, union_by_name = true, hive_partitioning = false)")
+        return [dict(zip(rel.columns, values)) for values in rel.fetchall()]
+
+
 def read_topic(service_url: str, topic: str, timeout_ms: int = 1500) -> list[tuple[str, str]]:
-    """Every (key, payload text) on a topic, oldest first; stops when none arrives for ``timeout_ms``."""
+    """Every (key, payload text) on a topic, oldest first, each message once (pulsar-lite's reader
+    may deliver an entry again: pipeline/source/reader.py); stops when none arrives for ``timeout_ms``."""
     client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
     try:
         reader = client.create_reader(topic, pulsar.MessageId.earliest)
-        found = []
+        found, seen = [], set()
         while True:
             try:
                 msg = reader.read_next(timeout_millis=timeout_ms)
             except pulsar.Timeout:
                 return found
-            found.append((msg.partition_key(), msg.data().decode()))
+            if id_text(msg.message_id()) not in seen:
+                seen.add(id_text(msg.message_id()))
+                found.append((msg.partition_key(), msg.data().decode()))
     finally:
         client.close()
 
@@ -70,11 +125,11 @@ class Running:
         self.thread.start()
         return self
 
-    def result(self, settings, name: str) -> list[dict]:
+    def result(self, settings, name: str, sink: str = "result") -> list[dict]:
         """The current result; the pipeline's own error, at once, if it stopped."""
         if self.error:
             raise self.error[0]
-        return result(settings, name)
+        return result(settings, name, sink)
 
     def __exit__(self, *exc):
         self.stop.set()

@@ -9,7 +9,8 @@ Each source message becomes one envelope row::
 - ``side`` is the table's index in the plan (0 is the driving table); ``op`` is ``upsert``, ``delete``
   (an empty payload: a tombstone) or ``dead``.
 - ``s<side>_<column>`` hold the payload columns the query uses, typed as declared, and the METADATA
-  columns it reads (pipeline/sql/metadata.py: the message's ``eventTime``, ``properties``, …).
+  columns it reads (pipeline/sql/metadata.py: the message's ``eventTime``, ``properties``, …); a
+  message whose time the query reads but no timestamp can hold is ``dead`` (:func:`unheld_time`).
   Every declared payload column is checked: a value of the wrong type (a string where an INT is declared),
   invalid UTF-8 or JSON, a payload that is not an object, or a message without a key makes the row
   ``dead`` with a one-line ``error`` naming the table and column. A missing or null field is null,
@@ -28,6 +29,7 @@ from pipeline.sql.metadata import metadata_values
 from pipeline.sql.plan import Plan, field_name
 
 INT_RANGE = {"int": (-2**31, 2**31 - 1), "bigint": (-2**63, 2**63 - 1)}
+TIME_FIELDS = {"eventTime": "event_time", "publishTime": "publish_time"}  # METADATA key -> the source's column
 BASE_FIELDS = [("key", "string"), ("side", "int"), ("op", "string"), ("source_partition", "int"),
                ("position", "bigint"), ("source_topic", "string"), ("source_message_id", "string"),
                ("payload", "string"), ("error", "string"), ("published_ms", "bigint")]
@@ -131,6 +133,21 @@ def decide_row(spec: dict, table: str, key: str | None, value: bytes | None) -> 
     return "upsert", fields, None
 
 
+def unheld_time(metadata: dict[str, str], time_error: str | None) -> str | None:
+    """The source's ``time_error`` about a message time the query reads (``metadata``: envelope
+    field -> METADATA key), or None. The source reads a time past the year 9999 (an event time of
+    2**63-1, a Java producer's -1) as NULL, which the query would take for "none set"; the message
+    is a dead letter instead. A time the query does not read changes nothing.
+
+    # ({"s0_at": "eventTime"}, "message event_time 9223372036854775807 is outside …") -> that text
+    """
+    if not time_error:
+        return None
+    read = {TIME_FIELDS[key] for key in metadata.values() if key in TIME_FIELDS}
+    found = [part for part in time_error.split("; ") if part.split(" ")[1:2] and part.split(" ")[1] in read]
+    return "; ".join(found) or None
+
+
 def make_parser(plan: Plan):
     """The ``mapInArrow`` function: source batches → envelope batches (runs on the executors)."""
     specs = table_specs(plan)
@@ -148,7 +165,10 @@ def make_parser(plan: Plan):
             for row in batch.to_pylist():
                 spec = specs[row["kind"]]
                 op, values, error = decide_row(spec, row["kind"], row["key"], row["value"])
-                if op == "upsert" and spec["metadata"]:
+                unheld = op == "upsert" and unheld_time(spec["metadata"], row.get("time_error"))
+                if unheld:
+                    op, values, error = "dead", {}, f"table {row['kind']!r}: {unheld}"
+                elif op == "upsert" and spec["metadata"]:
                     values.update(metadata_values(spec["metadata"], row))
                 published = row.get("publish_time")
                 base = {"key": row["key"], "side": spec["side"], "op": op, "source_partition": row["partition"],
