@@ -115,9 +115,9 @@ def test_changelog_of_each_temporal_join(case, settings_factory, broker, spark):
     def send(messages) -> None:
         # orders in one publish (batched when the case says), then users and tombstones with their event times
         rows = [message(key, record) for table, key, record, ms in messages if table == "orders" and ms is None]
-        timed = [(table, key, record, ms) for table, key, record, ms in messages if ms is not None]
-        for table, key, record, ms in timed:
-            publish_timed(url, topics[table], [(key, message(key, record)[1], ms)])
+        for name in ("users", "orders"):  # in order, one producer per table
+            publish_timed(url, topics[name], [(key, message(key, record)[1], ms) for table, key, record, ms in messages
+                                              if table == name and ms is not None])
         publish(url, topics["orders"], rows, batching=case.batching)
 
     expected: list[tuple[str, str]] = []
@@ -206,3 +206,18 @@ def test_the_example_passes_check_and_its_samples_are_its_tables():
     assert [t.watermark for t in plan.sides] == [("order_time", 5000), ("updated_at", 0)]
     assert len(load_samples(SQL_DIR / "orders_with_user_as_of.messages.jsonl", plan)) == 9
     assert main(["--data-dir", "/tmp/unused-sql-cli", "sql", str(path), "--check"]) == 0
+
+
+def test_a_progress_row_has_the_topics_of_each_tables_source():
+    from pipeline.sql.progress import build_sql_progress_row
+
+    def offset(topic: str, n: int) -> str:
+        return json.dumps({topic: {"gen": 0, "parts": {"-1": {"n": n}}}})
+
+    sources = [{"startOffset": offset(t, 1), "endOffset": offset(t, n), "latestOffset": offset(t, n + 2)}
+               for t, n in (("orders", 4), ("users", 6))]
+    progress = {"timestamp": "2026-11-26T12:00:00.000Z", "batchId": 3, "numInputRows": 8, "sources": sources,
+                "observedMetrics": {"source_rows": {"orders/-1": 3, "users/-1": 5}}}
+    row = build_sql_progress_row(progress, {"result": 2})
+    assert [(t["topic"], t["rows"], t["backlog"]) for t in row["topics"]] == [("orders", 3, 2), ("users", 5, 2)]
+    assert row["lag"] == 4
