@@ -59,7 +59,8 @@ def out(key: str, uid: str, name: str, tenfold: int, at: str | None = None, tier
 
 # Published before the pipeline starts (one micro-batch): a key's last change wins, a row that
 # never matched WHERE, or came and went within the batch, sends nothing.
-FIRST = [sent(b"u1", user("u1", 1, "a"), {b"tier": b"gold"}, T0), sent(b"u1", user("u1", 2, "b"), {b"tier": b"silver"}, T0 + 1),
+FIRST = [sent(b"u1", user("u1", 1, "a"), {b"tier": b"gold"}, T0),
+         sent(b"u1", user("u1", 2, "b"), {b"tier": b"silver"}, T0 + 1),
          sent(b"u2", user("u2", 3)), sent(b"u2", None), sent(b"u3", user("u3", 0)), sent(b"u3", user("u3", 5, "c")),
          sent(b"u4", user("u4", 4)), sent(b"u4", user("u4", -1))]
 FIRST_CHANGES = [out("u1", "u1", "B", 20, "2023-11-14 22:13:20.124", "silver"), out("u3", "u3", "C", 50)]

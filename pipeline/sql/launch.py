@@ -93,7 +93,8 @@ def describe_joins(plan) -> list[str]:
         return []
     driving, referenced = plan.sides[0], plan.sides[1]
     kind = "INNER" if 1 in plan.inner else "LEFT"
-    return [f"foreign-key join ({kind}): {driving.name}.{plan.foreign_key} = {referenced.name}.{referenced.primary_key}, "
+    columns = f"{driving.name}.{plan.foreign_key} = {referenced.name}.{referenced.primary_key}"
+    return [f"foreign-key join ({kind}): {columns}, "
             f"keyed by the foreign key value (ForeignKeyJoin): a changed {referenced.name} row updates the "
             f"{driving.name} rows referencing it"]
 
