@@ -25,12 +25,14 @@ T = 1_700_000_000_000  # the cases' epoch, in ms
 WITH = ("WITH ('connector' = 'upsert-pulsar', 'topic' = 'persistent://public/default/{name}', 'key.format' = 'raw', "
         "'value.format' = 'json')")
 ORDERS = ("CREATE TABLE orders (id STRING, user_id STRING, amount DOUBLE, ts TIMESTAMP(3), "
-          "WATERMARK FOR ts AS ts - INTERVAL '1' SECOND, PRIMARY KEY (id) NOT ENFORCED) " + WITH.format(name="orders") + ";")
+          "WATERMARK FOR ts AS ts - INTERVAL '1' SECOND, PRIMARY KEY (id) NOT ENFORCED) "
+          + WITH.format(name="orders") + ";")
 USERS = ("CREATE TABLE users (id STRING, name STRING, changed TIMESTAMP(3) METADATA FROM 'eventTime' VIRTUAL, "
          "WATERMARK FOR changed AS changed, PRIMARY KEY (id) NOT ENFORCED) " + WITH.format(name="users") + ";")
 OUT = ("CREATE TABLE out (id STRING, user_id STRING, name STRING, amount DOUBLE, PRIMARY KEY (id) NOT ENFORCED) "
        + WITH.format(name="out") + ";")
-SELECT = "INSERT INTO out SELECT o.id, o.user_id, u.name, o.amount FROM orders AS o {join} users FOR SYSTEM_TIME AS OF o.ts AS u ON o.user_id = u.id"
+SELECT = ("INSERT INTO out SELECT o.id, o.user_id, u.name, o.amount FROM orders AS o {join} users "
+          "FOR SYSTEM_TIME AS OF o.ts AS u ON o.user_id = u.id")
 
 
 def at(ms: int) -> str:

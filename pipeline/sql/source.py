@@ -14,7 +14,8 @@ from pipeline.config import Settings
 def read_topics(spark, settings: Settings, tables, name: str, service_url: str, stats: str = "source-stats"):
     """The tables' topics as one streaming source (``stats``: its folder of source statistics).
 
-    # {"kind": "users", "topic": …, "partition": -1, "message_id": "…", "position": 3, "key": "100-1", "value": b"…"}
+    # {"kind": "users", "topic": …, "partition": -1, "message_id": "…", "position": 3, "key": "100-1",
+    #  "value": b"…"}
     """
     from pipeline.source.datasource import PulsarDataSource
 

@@ -3,7 +3,7 @@
 Flink's event-time temporal join, on upsert tables::
 
     CREATE TABLE orders (…, ts TIMESTAMP(3), WATERMARK FOR ts AS ts - INTERVAL '5' SECOND, PRIMARY KEY (id) …)
-    CREATE TABLE users (…, eventTime TIMESTAMP(3) METADATA, WATERMARK FOR eventTime AS eventTime, PRIMARY KEY (id) …)
+    CREATE TABLE users (…, eventTime TIMESTAMP(3) METADATA, WATERMARK FOR eventTime AS eventTime, …)
     INSERT INTO t SELECT … FROM orders o [LEFT] JOIN users FOR SYSTEM_TIME AS OF o.ts AS u ON o.user_id = u.id
 
 joins each row of the driving (probe) table with the version of the versioned table's row whose
@@ -59,8 +59,9 @@ def build_watermark(table, constraint: exp.WatermarkColumnConstraint) -> tuple[s
         raise UnsupportedSql(f"table {table.name!r}: {text!r}: no column {column.name!r}; supported: {WATERMARKS}")
     declared = table.column(column.name)
     if not (declared.spark_type == "timestamp" and (not declared.metadata or declared.metadata_key == "eventTime")):
-        raise UnsupportedSql(f"table {table.name!r}: {text!r} is on column {declared.name!r} "
-                             f"({declared.sql_type}{' METADATA' if declared.metadata else ''}); supported: {WATERMARKS}")
+        kind = f"{declared.sql_type}{' METADATA' if declared.metadata else ''}"
+        raise UnsupportedSql(f"table {table.name!r}: {text!r} is on column {declared.name!r} ({kind}); "
+                             f"supported: {WATERMARKS}")
     return declared.name, delay
 
 
@@ -108,12 +109,13 @@ def plan_temporal_join(select: exp.Select, tables: dict, sides: list, aliases: d
     as_of = version.expression
     # the AS OF column may be a METADATA column (eventTime): resolved here, not as a SELECT's column
     side = (scope.get(as_of.table.lower()) if as_of.table else 0) if isinstance(as_of, exp.Column) else None
+    wanted = f"supported: AS OF {driving.name}.{driving.watermark[0]} (its WATERMARK FOR column)"
+    shown = as_of.sql(dialect=Flink)
     if side is not None and not any(c.name.lower() == as_of.name.lower() for c in sides[side].columns):
-        raise UnsupportedSql(f"{text!r}: AS OF {as_of.sql(dialect=Flink)!r}: table {sides[side].name!r} has no column "
-                             f"{as_of.name!r}; supported: AS OF {driving.name}.{driving.watermark[0]} (its WATERMARK FOR column)")
+        raise UnsupportedSql(f"{text!r}: AS OF {shown!r}: table {sides[side].name!r} has no column {as_of.name!r}; "
+                             f"{wanted}")
     if side != 0 or as_of.name.lower() != driving.watermark[0].lower():
-        raise UnsupportedSql(f"{text!r}: AS OF {as_of.sql(dialect=Flink)!r} is not the time attribute of {driving.name}; "
-                             f"supported: AS OF {driving.name}.{driving.watermark[0]} (its WATERMARK FOR column)")
+        raise UnsupportedSql(f"{text!r}: AS OF {shown!r} is not the time attribute of {driving.name}; {wanted}")
     condition = join.args.get("on")
     ends = ([resolve_column(end, sides, scope, "ON") for end in (condition.this, condition.expression)]
             if isinstance(condition, exp.EQ) else [])
@@ -124,8 +126,8 @@ def plan_temporal_join(select: exp.Select, tables: dict, sides: list, aliases: d
     join_column = sorted(ends)[0][1]
     if driving.column(join_column).spark_type != "string":
         raise UnsupportedSql(f"{text!r}: {driving.name}.{join_column} is {driving.column(join_column).sql_type} but "
-                             f"{versioned.name}.{versioned.primary_key} is STRING; CAST is not supported in ON: declare "
-                             f"{join_column} STRING")
+                             f"{versioned.name}.{versioned.primary_key} is STRING; CAST is not supported in ON: "
+                             f"declare {join_column} STRING")
     aliases.update(scope)
     return Temporal(join_column, driving.watermark[0], versioned.watermark[0], inner)
 

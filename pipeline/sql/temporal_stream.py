@@ -4,8 +4,8 @@ Called on the driver while the query is built (pipeline/sql/runner.py build_quer
 pipeline/sql/temporal.py's. The query::
 
     source(driving table) ─ parse + times ─ watermark(its WATERMARK delay) ─┐
-    source(versioned table) ─ parse + times ─ watermark(its delay) ──────────┴ union (Spark keeps the
-      least watermark) ─ WHERE on the driving table ─ VersionedLookup (keyed by the join value)
+    source(versioned table) ─ parse + times ─ watermark(its delay) ──────────┴ union (the least
+      watermark) ─ WHERE on the driving table ─ VersionedLookup (keyed by the join value)
       ─ matched? ─ UpsertJoin (keyed by the driving key) ─ SELECT expressions ─ sink (a join's)
 
 - Times: a row's time is its time attribute; a tombstone (no payload) is placed at its message's
@@ -141,7 +141,8 @@ def apply_temporal_join(rows, plan: Plan):
     """Envelope rows with times through VersionedLookup and the per-key UpsertJoin.
 
     # in:  {"key": "o1", "side": 0, "op": "upsert", "s0_user_id": "u1", "event_ms": 1714564800000, …}
-    # out: {"key": "o1", "op": "before"|"after"|"delete"|"dead", "s0_…", "s1_name": "Ada", "_pass": true, "out<i>": …}
+    # out: {"key": "o1", "op": "before"|"after"|"delete"|"dead", "s0_…", "s1_name": "Ada", "_pass": true,
+    #       "out<i>": …}
     """
     from pyspark.sql import DataFrame
     from pyspark.sql import functions as F
@@ -171,9 +172,9 @@ def apply_temporal_join(rows, plan: Plan):
     matched = found & F.col("version_key").eqNullSafe(F.col("join_key"))
     collision = found & F.col("join_key").isNotNull() & ~matched & (op == "upsert")
     out = out.select(*[F.when(matched, F.col(c)).alias(c) if c in state else F.col(c) for c in out.columns])
-    out = (out.withColumn("error", F.when(collision, F.concat(
-               F.lit(f"table {plan.sides[0].name!r}: the version found for {temporal.join_column} = "),
-               F.col("join_key"), F.lit(" is another key's of the same 64-bit hash; not joined"))).otherwise(F.col("error")))
+    shared = F.concat(F.lit(f"table {plan.sides[0].name!r}: the version found for {temporal.join_column} = "),
+                      F.col("join_key"), F.lit(" is another key's of the same 64-bit hash; not joined"))
+    out = (out.withColumn("error", F.when(collision, shared).otherwise(F.col("error")))
            .withColumn("op", F.when(collision, "dead").otherwise(op)))
     passes = [matched] if temporal.inner else []
     passes += [F.expr(f"coalesce({plan.where_joined}, FALSE)")] if plan.where_joined else []
