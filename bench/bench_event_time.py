@@ -48,7 +48,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -59,8 +61,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
 from bench.bench_latency import batch_breakdown, spark_api  # noqa: E402
-from bench.common import (BenchError, alive, load_average, machine, now_utc, percentile, ratio,  # noqa: E402
-                          start_job, wait_until, write_result)
+from bench.common import (BenchError, alive, load_average, machine, now_utc, percentile, process_tree,  # noqa: E402
+                          ratio, start_job, wait_until, write_result)
 from pipeline import wire  # noqa: E402
 from pipeline.feed.broker import EmbeddedBroker  # noqa: E402
 from pipeline.config import load_settings  # noqa: E402
@@ -237,17 +239,31 @@ def job_settings(mode: str, url: str, topics: dict, data_dir: Path, args, latene
 
 
 class Job:
-    """The job as a process on its data dir, stopped on exit."""
+    """The job as a process on its data dir, stopped on exit. With ``jfr_dir``, its Spark JVM runs
+    Java Flight Recorder (deep stacks: Spark's task stacks pass JFR's default 64 frames), dumped
+    to ``<jfr_dir>/<data dir name>.jfr`` before the job stops (a stopping JVM is killed before it
+    would dump on exit); ``jfr print --stack-depth 300 --events jdk.ExecutionSample`` reads it."""
 
-    def __init__(self, settings, log_path: Path):
-        self.settings, self.data_dir = settings, settings.data_dir
-        self.proc = start_job(settings, log_path)
+    def __init__(self, settings, log_path: Path, jfr_dir: Path | None = None):
+        self.settings, self.data_dir, self.jfr_dir = settings, settings.data_dir, jfr_dir
+        if jfr_dir is not None:  # the job's JVMs inherit it (the settings reach the child as --set flags only)
+            os.environ["JAVA_TOOL_OPTIONS"] = ("-XX:FlightRecorderOptions:stackdepth=1024 "
+                                               "-XX:StartFlightRecording=settings=profile")
+        try:
+            self.proc = start_job(settings, log_path)
+        finally:
+            os.environ.pop("JAVA_TOOL_OPTIONS", None)
         self.check = alive(self.proc, log_path)
 
     def __enter__(self) -> "Job":
         return self
 
     def __exit__(self, *exc) -> None:
+        if self.jfr_dir is not None:
+            for pid, cmdline in process_tree(self.proc.proc.pid).items():
+                if "SparkSubmit" in cmdline:
+                    subprocess.run(["jcmd", str(pid), "JFR.dump", f"filename={self.jfr_dir / self.data_dir.name}.jfr"],
+                                   capture_output=True, timeout=120)
         self.proc.stop()
 
     def wait_decided(self, total: int, timeout: float, what: str) -> None:
@@ -258,7 +274,7 @@ def drain_backlog(mode: str, p: int, url: str, topics: dict, work: Path, args, c
     """The backlog, read by a fresh job: orders/s from its first batch to the batch that decided the last order."""
     data_dir = work / f"p{p}-{mode}"
     settings = job_settings(mode, url, topics, data_dir, args, "1h")
-    with Job(settings, work / f"p{p}-{mode}.log") as job:
+    with Job(settings, work / f"p{p}-{mode}.log", args.jfr) as job:
         job.wait_decided(args.orders, args.timeout, f"{mode}, {p} partitions: the backlog")
         load = load_average()
     progress = read_rows(data_dir, "progress")
@@ -421,8 +437,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--lateness", default="10s", help="enrichment.allowed_lateness of the steady phase")
     parser.add_argument("--phases", default="backlog,steady,wave",
                         help="which phases to run, in this order (steady and wave need backlog's checkpoints)")
+    parser.add_argument("--jfr", type=Path, help="record each backlog drain's Spark JVM with Java Flight Recorder "
+                        "into this folder (a profile; its figures are not the benchmark's)")
     parser.add_argument("--keep", action="store_true", help="keep the broker and the data dirs (their path is printed)")
     args = parser.parse_args(argv)
+    if args.jfr is not None:
+        args.jfr.mkdir(parents=True, exist_ok=True)
     partitions = [int(p) for p in args.partitions.split(",")]
     phases = set(args.phases.split(","))
     import pulsar
@@ -446,7 +466,8 @@ def main(argv=None) -> dict:
             "targets": {"backlog_event_vs_processing": 0.8, "p99_ms": "out_of_orderness + 2000"},
             "runs": runs, "wall_s": round(time.perf_counter() - began, 1), **({} if complete else {"partial": True}),
         }
-        write_result(NAME, result)
+        if args.jfr is None:  # a profiled run's figures carry the recorder's cost
+            write_result(NAME, result)
         return result
 
     try:
