@@ -72,3 +72,43 @@ def publish_timed(service_url: str, topic: str, messages: list[tuple[str, bytes,
 
 def keyed(kind: str, records: list[dict]) -> list[tuple[str, bytes]]:
     return [(wire.message_key(kind, r), wire.encode(r)) for r in records]
+
+
+def send_raw(service_url: str, topic: str, messages: list[tuple], batching: bool = False) -> list[str]:
+    """Send (key, payload, properties, event time) messages, keys and properties as raw bytes (the
+    protocol carries any; pulsar.Producer only takes text, its message builder takes bytes), with
+    pulsar-client's default producer (no batching) or a batching one; each message's id text."""
+    import _pulsar  # the message builder under pulsar.Producer: it takes keys and properties as bytes
+
+    from pipeline.source.connection import id_text
+
+    client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    ids: list[str | None] = [None] * len(messages)
+    refused: list[str] = []
+
+    def on_sent(index: int):
+        def done(outcome, message_id) -> None:
+            if outcome == _pulsar.Result.Ok:
+                ids[index] = id_text(message_id)
+            else:
+                refused.append(str(outcome))
+        return done
+
+    try:
+        producer = (client.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=50,
+                                           block_if_queue_full=True) if batching
+                    else client.create_producer(topic, block_if_queue_full=True))
+        for index, (key, payload, props, event_time) in enumerate(messages):
+            builder = _pulsar.MessageBuilder().content(payload)
+            if key:
+                builder.partition_key(key)
+            for name, value in (props or {}).items():
+                builder.property(name, value)
+            if event_time is not None:
+                builder.event_timestamp(event_time)
+            producer._producer.send_async(builder.build(), on_sent(index))
+        producer.flush()
+    finally:
+        client.close()
+    assert not refused and None not in ids, f"the broker refused messages to {topic}: {refused[:1]}"
+    return ids

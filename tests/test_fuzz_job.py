@@ -17,7 +17,6 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 
-import _pulsar  # the message builder under pulsar.Producer: it takes keys and properties as bytes
 import pulsar
 import pytest
 from hypothesis import HealthCheck, Phase, example, given, settings as hsettings, strategies as st
@@ -26,9 +25,8 @@ from pipeline import wire
 from pipeline.config import load_settings
 from pipeline.enrich import rules
 from pipeline.metrics import read_events, read_rows
-from pipeline.source.connection import id_text
 from pipeline.source.reader import read_key_and_properties
-from factories import item, order, publish, user
+from factories import item, order, publish, send_raw, user
 from jobproc import JobThread
 from sinkread import rows
 from test_fuzz_wire import KNOWN_POISON, FakeMessage, clean_text, keys, payloads, properties, to_bytes, dumps, typed_records
@@ -86,41 +84,6 @@ def fuzz_job(tmp_path_factory, broker):
         job.close()
 
 
-def publish_raw(service_url: str, topic: str, messages: list[tuple[bytes | None, bytes, dict | None]]) -> list[str]:
-    """Send (key, payload, properties) with keys and properties as raw bytes, unbatched, and
-    return each message's id text.
-
-    pulsar.Producer only takes text, but the protocol carries bytes and other producers send
-    any; its message builder takes bytes.
-    """
-    client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    ids: list[str | None] = [None] * len(messages)
-    refused: list[str] = []
-
-    def on_sent(index: int):
-        def done(result, message_id) -> None:
-            if result == _pulsar.Result.Ok:
-                ids[index] = id_text(message_id)
-            else:
-                refused.append(str(result))
-        return done
-
-    try:
-        producer = client.create_producer(topic, batching_enabled=False, block_if_queue_full=True)
-        for index, (key, payload, props) in enumerate(messages):
-            builder = _pulsar.MessageBuilder().content(payload)
-            if key:
-                builder.partition_key(key)
-            for name, value in (props or {}).items():
-                builder.property(name, value)
-            producer._producer.send_async(builder.build(), on_sent(index))
-        producer.flush()
-    finally:
-        client.close()
-    assert not refused and None not in ids, f"the broker refused messages to {topic}: {refused[:1]}"
-    return ids
-
-
 def key_as_read(key: bytes | None) -> str | None:
     """The key a read task sees (pipeline/source/reader.py): bytes that are not UTF-8 escaped."""
     return key.decode("utf-8", "backslashreplace") if key else None
@@ -172,7 +135,8 @@ def test_poison_among_good_orders_lands_in_one_row_each_and_the_job_stays_up(fuz
         for _, kind, key, payload, props in poisons:
             if not touches_good_state(kind, key, payload):
                 outbox[kind].append((key, payload, props))
-    ids = {kind: publish_raw(settings.service_url, topics[kind], messages) for kind, messages in outbox.items()}
+    ids = {kind: send_raw(settings.service_url, topics[kind], [(*m, None) for m in messages])
+           for kind, messages in outbox.items()}
     dead_changelog = {kind: {ids[kind][i] for i, (key, payload, _) in enumerate(outbox[kind])
                              if rules.route_message(kind, key_as_read(key), payload)["op"] == "dead"}
                       for kind in ("users", "items")}
@@ -216,7 +180,7 @@ def test_the_reader_takes_any_key_and_properties_from_a_real_broker(broker, sent
     bytes that are not UTF-8; read_key_and_properties reads them as the pure tier's FakeMessage
     (a model of that client) says, so the fast tier tests what a read task really gets."""
     topic = f"persistent://public/default/fuzz-keys-{next(_examples)}-{id(sent)}"
-    publish_raw(broker.service_url, topic, [(key, b"{}", props) for key, props in sent])
+    send_raw(broker.service_url, topic, [(key, b"{}", props, None) for key, props in sent])
     client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
     try:
         reader = client.create_reader(topic, pulsar.MessageId.earliest)

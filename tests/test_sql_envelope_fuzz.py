@@ -22,7 +22,8 @@ from pipeline import store
 from pipeline.metrics import read_events
 from pipeline.sql.envelope import decide_row, table_specs
 from pipeline.sql.plan import build_plan
-from sqlhelp import Running, fresh_topics, send_raw, sink_rows
+from factories import send_raw
+from sqlhelp import Running, fresh_topics, sink_rows
 from test_fuzz_wire import Raw, clean_text, dumps, json_values, numbers, odd_text, to_bytes
 from waiting import wait_for
 

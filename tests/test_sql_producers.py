@@ -21,7 +21,8 @@ import pytest
 from pipeline import store
 from pipeline.metrics import read_events
 from pipeline.sql.script import build_pipeline
-from sqlhelp import Running, fresh_topics, read_topic, send_raw, sink_rows
+from factories import send_raw
+from sqlhelp import Running, fresh_topics, read_topic, sink_rows
 from waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -43,7 +44,7 @@ MAX_EVENT_TIME = 2**63 - 1
 
 
 def sent(key: bytes | None, record: dict | None, props: dict | None = None, event_time: int | None = None) -> tuple:
-    """A message as sqlhelp.send_raw takes it: an empty payload for None (a tombstone)."""
+    """A message as factories.send_raw takes it: an empty payload for None (a tombstone)."""
     return key, b"" if record is None else json.dumps(record).encode(), props, event_time
 
 
