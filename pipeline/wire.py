@@ -150,8 +150,6 @@ def parse_payload(topic: str, payload: bytes | None) -> dict[str, Any] | None:
         if topic in CHANGELOGS:
             return None
         raise BadMessage("empty payload; only changelog topics take tombstones")
-    if len(payload) > MAX_PAYLOAD_BYTES:
-        raise BadMessage(f"payload is {len(payload)} bytes, over the {MAX_PAYLOAD_BYTES}-byte limit")
     return parse_record(topic, load_json(payload))
 
 
@@ -167,9 +165,12 @@ def payload_text(payload: bytes | None) -> str | None:
 
 
 def load_json(payload: bytes) -> Any:
-    """The JSON value of a payload, or BadMessage (one line, nothing else) for invalid UTF-8 or
-    JSON: NaN and Infinity, numbers past 4300 digits and nesting too deep included. The job's
-    topics and the SQL pipelines' tables read their payloads through it."""
+    """The JSON value of a payload, or BadMessage (one line, nothing else) for a payload over
+    MAX_PAYLOAD_BYTES or invalid UTF-8 or JSON: NaN and Infinity, numbers past 4300 digits and
+    nesting too deep included. The job's topics and the SQL pipelines' tables read their payloads
+    through it."""
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        raise BadMessage(f"payload is {len(payload)} bytes, over the {MAX_PAYLOAD_BYTES}-byte limit")
     try:
         text = payload.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -149,6 +149,10 @@ def test_a_value_of_the_wrong_type_names_the_table_and_column():
     assert decide_row(spec, "users", "100-1", b"[1]")[2] == "table 'users': payload is a JSON array, not an object"
     assert decide_row(spec, "users", "100-1", b"\xff")[2] == "table 'users': payload is not valid UTF-8 (byte 0)"
     assert decide_row(spec, "users", None, b"{}")[2].startswith("table 'users': message has no key")
+    # the job's payload limit holds here too (pipeline/wire.py load_json): a megabyte of padding is poison
+    huge = b'{"uid":"100-1","pad":"' + b"x" * (1 << 20) + b'"}'
+    assert decide_row(spec, "users", "100-1", huge) == (
+        "dead", {}, f"table 'users': payload is {len(huge)} bytes, over the 1048576-byte limit")
     assert [name for name, _ in envelope_fields(plan)][-1] == "s0_accountId"
 
 
