@@ -199,6 +199,7 @@ def test_a_rows_time_is_its_time_attribute_a_tombstones_its_message_time_and_non
 
 def test_the_example_passes_check_and_its_samples_are_its_tables():
     from pipeline.cli import main
+    from pipeline.sql.launch import describe_joins
     from pipeline.sql.samples import load_samples
     from sqlhelp import SQL_DIR
 
@@ -208,6 +209,10 @@ def test_the_example_passes_check_and_its_samples_are_its_tables():
     assert [t.watermark for t in plan.sides] == [("order_time", 5000), ("updated_at", 0)]
     assert len(load_samples(SQL_DIR / "orders_with_user_as_of.messages.jsonl", plan)) == 9
     assert main(["--data-dir", "/tmp/unused-sql-cli", "sql", str(path), "--check"]) == 0
+    assert describe_joins(plan) == [
+        "temporal join (LEFT): orders.user_id = user_profiles.id AS OF orders.order_time (VersionedLookup, event "
+        "time): each orders row gets the user_profiles version current at its order_time, sent once both tables' "
+        "watermarks have passed it"]
 
 
 def test_a_progress_row_has_the_topics_of_each_tables_source():

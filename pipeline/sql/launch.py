@@ -87,8 +87,15 @@ def describe_spark_sql(plan) -> list[str]:
 
 
 def describe_joins(plan) -> list[str]:
-    """How a plan joins, one line each (``--check`` prints them): a foreign-key join's columns and
-    operator (pipeline/sql/foreign_key.py); a join on the primary keys is UpsertJoin's, said by the plan's kind."""
+    """How a plan joins, one line each (``--check`` prints them): a temporal join's columns and
+    time (pipeline/sql/temporal.py) or a foreign-key join's columns and operator
+    (pipeline/sql/foreign_key.py); a join on the primary keys is UpsertJoin's, said by the plan's kind."""
+    if plan.temporal:
+        driving, versioned, temporal = plan.sides[0], plan.sides[1], plan.temporal
+        return [f"temporal join ({'INNER' if temporal.inner else 'LEFT'}): {driving.name}.{temporal.join_column} = "
+                f"{versioned.name}.{versioned.primary_key} AS OF {driving.name}.{temporal.left_time} (VersionedLookup, "
+                f"event time): each {driving.name} row gets the {versioned.name} version current at its "
+                f"{temporal.left_time}, sent once both tables' watermarks have passed it"]
     if not plan.foreign_key:
         return []
     driving, referenced = plan.sides[0], plan.sides[1]
