@@ -156,7 +156,16 @@ def disk(data_dir: Path, broker_dir: Path) -> dict:
     for sink in store.SINKS:
         found[sink]["table_files"] = len(sink_files(data_dir, sink))
     files, size = _tree(broker_dir)
-    found["broker"] = {"files": files, "bytes": size}
+    # each file's bytes too: pulsar-lite's data grew faster than the messages (bench/README.md),
+    # and which of its files grows (entry log, RocksDB, log) is what to find
+    by_file = {}
+    for path in broker_dir.rglob("*") if broker_dir.is_dir() else ():
+        try:  # RocksDB removes files while it compacts
+            if path.is_file():
+                by_file[str(path.relative_to(broker_dir))] = path.stat().st_size
+        except OSError:
+            pass
+    found["broker"] = {"files": files, "bytes": size, "by_file": by_file}
     return found
 
 
