@@ -113,6 +113,12 @@ def test_every_fuzzed_message_is_one_result_or_dead_letter_row_and_the_pipeline_
     by_key, by_id = {r["_key"]: r for r in results}, {r["source_message_id"]: r for r in dead}
     for key, message_id, payload in zip(keys, ids, batch):
         op, fields, error = decide_row(spec, "fz", key, payload)
+        letter = by_id.get(message_id)
+        if letter is not None and letter["error"].endswith("nested too deeply") and letter["error"] != error:
+            # how deep Python's JSON decoder goes follows the process's recursion limit: the
+            # pipeline's worker may give up on a payload this process reads; still one dead letter
+            assert key not in by_key and letter["key"] == key and payload.count(b"{") + payload.count(b"[") > 100
+            continue
         if op == "upsert":
             row = by_key[key]  # KeyError: the message is in no result row
             assert row["_op"] == "upsert" and message_id not in by_id
