@@ -68,7 +68,8 @@ KEYS: tuple[Key, ...] = (
     Key("job.restart.delay", "10s", setting_values.parse_duration, "Delay between restart attempts"),
     # The sinks are Delta tables (pipeline/sinks.py): one small file per batch until compacted.
     Key("sinks.compact_interval", "10m", setting_values.parse_duration,
-        "How often the running job compacts each sink's small files, then vacuums replaced ones; 0 = never"),
+        "How often the running job compacts each sink's small files, then vacuums replaced ones; 0 = not by time "
+        "(both this and sinks.compact_after_batches 0: never)"),
     Key("sinks.compact_after_batches", 100, setting_values.int_at_least(0),
         "Compact (and vacuum) as soon as this many batches have committed since the last round; 0 = by time only"),
     Key("sinks.vacuum_retention", "168h", setting_values.parse_duration,
