@@ -89,3 +89,34 @@ def test_the_broker_log_is_moved_aside_past_its_cap_and_written_on_from_its_star
         if process.poll() is None:
             process.kill()
     assert path.read_bytes() == b"after the cap\n"  # at the start: no hole where the old lines were
+
+
+def test_rust_log_keeps_the_users_filter_and_silences_the_dead_subscriptions():
+    from pipeline.feed.broker import BROKER_RUST_LOG, broker_environment
+
+    assert broker_environment({})["RUST_LOG"] == BROKER_RUST_LOG
+    assert broker_environment({"RUST_LOG": "debug"})["RUST_LOG"] == f"debug,{BROKER_RUST_LOG}"
+
+
+def test_closed_readers_add_nothing_to_the_log_per_message_published(tmp_path):
+    """pulsar-lite keeps a closed reader's subscription and, after each entry published, logs a
+    warning for every such one (issue 28: the log grew as entries x readers closed so far)."""
+    with EmbeddedBroker(tmp_path) as running:
+        client = pulsar.Client(running.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+        try:
+            topic = "persistent://public/default/broker-closed-readers"
+            producer = client.create_producer(topic, batching_enabled=False)
+            producer.send(b"first")
+            for _ in range(10):
+                reader = client.create_reader(topic, pulsar.MessageId.earliest)
+                assert reader.read_next(5000).data() == b"first"
+                reader.close()
+            for i in range(50):
+                producer.send(b"%d" % i)
+            last = client.create_reader(topic, pulsar.MessageId.earliest)
+            for _ in range(51):
+                last.read_next(5000)  # every entry was published and dispatched
+        finally:
+            client.close()
+        log = (running.broker_dir / "broker.log").read_text()
+    assert log.count("No dispatcher found") == 0, log[-500:]

@@ -47,6 +47,24 @@ enabled = false
 """
 
 
+# pulsar-lite 0.2.0 never removes a reader's subscription: a closed reader (CloseConsumer) leaves
+# it on its topic (only an Unsubscribe removes one), and after every entry published it tries
+# each subscription of the topic in turn, logging "No dispatcher found for subscription …" for
+# each one without a consumer (Topic::dispatch_to_subscriptions, PersistentSubscription::
+# dispatch_messages). The source opens a reader per range per batch, so the log grew by the
+# entries published times the readers closed so far: faster every minute, 19.9 GB in the hour's
+# benchmark (bench/README.md, issue 28). Its other warnings stay on; env_logger's module filter
+# (RUST_LOG) is more specific than ``--log-level``.
+BROKER_RUST_LOG = "pulsar_lite::broker::service::persistent::persistent_subscription=error"
+
+
+def broker_environment(base: dict[str, str] | None = None) -> dict[str, str]:
+    """pulsar-lite's environment: ours (or ``base``) with :data:`BROKER_RUST_LOG` added to RUST_LOG."""
+    env = dict(os.environ if base is None else base)
+    env["RUST_LOG"] = ",".join(filter(None, (env.get("RUST_LOG"), BROKER_RUST_LOG)))
+    return env
+
+
 def find_free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -149,7 +167,7 @@ class EmbeddedBroker:
             self.process = subprocess.Popen(
                 [str(binary), "--config", str(config), "--addr", f"127.0.0.1:{self.port}",
                  "--db-path", str(self.broker_dir / "db"), "--log-level", "warn"],
-                stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+                stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=broker_environment(),
                 cwd=str(self.broker_dir), preexec_fn=die_with_parent,
                 pass_fds=(self.lock_fd,),  # the lock lasts until pulsar-lite itself has exited
             )
@@ -299,9 +317,9 @@ def _start_keeper(data_dir: Path, deadline: float) -> str:
     return url
 
 
-# pulsar-lite logs a warning per reader it closes ('No dispatcher found for subscription …'):
-# tens of MB in a few minutes of tests. Its data cannot be bounded (it deletes no message, README
-# "Retention"), but its log can: past this size, the keeper moves it aside (one file kept).
+# The log of a broker the keeper runs is bounded as well as silenced (BROKER_RUST_LOG): past this
+# size, the keeper moves it aside (one file kept). Its data cannot be bounded (it deletes no
+# message, README "Retention").
 BROKER_LOG_MAX_BYTES = 64 << 20
 
 
