@@ -10,7 +10,9 @@ as Prometheus would). The users and items are published first and loaded by the 
 - **Every ``--sample-seconds``**: the RSS of each process (the job's driver, JVM and Python
   workers apart, and their PSS), the files and bytes of each sink (current table files, Parquet
   files on disk, the Delta log), of each metrics stream, of the checkpoint and of the broker,
-  the newest batch (its id, duration and the orders backlog) and the load average.
+  the newest batch (its id, duration and the orders backlog) and the load average; every
+  ``--live-heap-minutes`` also the job JVM's live heap after a full collection (jcmd), which its
+  RSS hides (bench/long_run_samples.py).
 - **At the start** (after ``--warmup-seconds``) **and at the end**: every console page with
   Streamlit's AppTest (cold, warm and cached, as bench/bench_console.py times them), the
   exporter's scrape time, and a DuckDB count over each sink.
@@ -24,12 +26,13 @@ projection to a day. The bounds are in :func:`judge`. A run shorter than an hour
 ``partial`` in its JSON. Writes ``bench/results/long_run.json``.
 
     python -m bench.bench_long_run                    # the hour
-    python -m bench.bench_long_run --minutes 10       # a partial look
+    python -m bench.bench_long_run --minutes 10 --out /tmp/look.json   # a partial look
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -45,8 +48,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
-from bench.common import (BenchError, alive, bench_topics, job_memory, load_average, machine, now_utc,  # noqa: E402
-                          percentile, pss_bytes, rss_bytes, wait_until, write_result)
+from bench.common import (BenchError, alive, bench_topics, load_average, machine, now_utc, percentile,  # noqa: E402
+                          wait_until, write_result)
+from bench.long_run_samples import sample  # noqa: E402
 from pipeline import store  # noqa: E402
 from pipeline.config import load_settings  # noqa: E402
 from pipeline.feed.broker import EmbeddedBroker, die_with_parent  # noqa: E402
@@ -137,54 +141,7 @@ class Scraper:
         self.thread.join(timeout=130)
 
 
-# ---------------------------------------------------------------------------- the samples
-def memory(procs: dict[str, int], job_pid: int) -> dict:
-    """MB per process: the job's tree by part (bench/common.py job_memory), the others' RSS and PSS."""
-    found = {"job": job_memory(job_pid)}
-    for name, pid in procs.items():
-        found[name] = {"rss_mb": round(rss_bytes(pid) / 1e6, 1), "pss_mb": round(pss_bytes(pid) / 1e6, 1)}
-    return found
-
-
-def disk(data_dir: Path, broker_dir: Path) -> dict:
-    """bench_month's disk figures (sinks, metrics streams, checkpoint, total), each sink's current
-    table files, and the broker's data."""
-    from bench.bench_month import _tree, disk as month_disk
-    from pipeline.sinks import sink_files
-
-    found = month_disk(data_dir)
-    for sink in store.SINKS:
-        found[sink]["table_files"] = len(sink_files(data_dir, sink))
-    files, size = _tree(broker_dir)
-    # each file's bytes too: pulsar-lite's data grew faster than the messages (bench/README.md),
-    # and which of its files grows (entry log, RocksDB, log) is what to find
-    by_file = {}
-    for path in broker_dir.rglob("*") if broker_dir.is_dir() else ():
-        try:  # RocksDB removes files while it compacts
-            if path.is_file():
-                by_file[str(path.relative_to(broker_dir))] = path.stat().st_size
-        except OSError:
-            pass
-    found["broker"] = {"files": files, "bytes": size, "by_file": by_file}
-    return found
-
-
-def newest_batch(data_dir: Path) -> dict:
-    lines, _ = tail_lines(data_dir, "progress", 1)
-    rows = parse_lines(lines)
-    if not rows:
-        return {}
-    row = rows[-1]
-    backlog = {topic["topic"].rsplit("-", 1)[-1]: topic.get("backlog") for topic in row.get("topics") or []}
-    return {"batch_id": row.get("batch_id"), "batch_duration_ms": row.get("batch_duration_ms"),
-            "num_input_rows": row.get("num_input_rows"), "backlog": backlog}
-
-
-def sample(began: float, procs: dict[str, int], job_pid: int, data_dir: Path, broker_dir: Path) -> dict:
-    return {"minute": round((time.monotonic() - began) / 60, 2), "load_average": load_average(),
-            "memory": memory(procs, job_pid), "disk": disk(data_dir, broker_dir), "batch": newest_batch(data_dir)}
-
-
+# ---------------------------------------------------------------------------- the console
 def measure_console(data_dir: Path, repeats: int, scraper: Scraper) -> dict:
     """Every page (AppTest), one exporter scrape and a DuckDB count per sink, now."""
     from bench.bench_month import count_sinks, time_pages
@@ -220,6 +177,13 @@ def judge(start: dict, end: dict, samples: list[dict], settings: dict, minutes: 
         bound = before + max(MEMORY_GROWTH * before, MEMORY_SLACK_MB)
         verdict["flat"][f"{name} (MB)"] = {"start": at_start, "from": before, "end": after, "bound": round(bound, 1),
                                            "ok": after <= bound}
+    heaps = [(s["minute"], s["jvm_heap"]["live_mb"]) for s in samples[len(samples) // 4:] if s.get("jvm_heap", {}).get("live_mb")]
+    if len(heaps) >= 2:  # the live set after a full collection, which the RSS hides (long_run_samples.live_heap)
+        before, after = heaps[0][1], heaps[-1][1]
+        bound = before + max(MEMORY_GROWTH * before, MEMORY_SLACK_MB)
+        verdict["flat"]["job JVM heap live after a full GC (MB)"] = {
+            "start": next((s["jvm_heap"]["live_mb"] for s in samples if s.get("jvm_heap", {}).get("live_mb")), None),
+            "from": before, "end": after, "bound": round(bound, 1), "ok": after <= bound, "samples": heaps}
     verdict["measuring_process_mb"] = {"start": mem_first[MEASURING]["rss_mb"], "end": mem_last[MEASURING]["rss_mb"]}
     at_start, before, after = (sample["disk"]["checkpoint"]["bytes"] for sample in (first, reference, last))
     bound = before + max(CHECKPOINT_GROWTH * before, CHECKPOINT_SLACK_MB * 1e6)
@@ -307,9 +271,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--orders", type=int, default=200_000, help="orders in the CSV the producer loops over")
     parser.add_argument("--warmup-seconds", type=float, default=60.0, help="orders flowing before the start is measured")
     parser.add_argument("--sample-seconds", type=float, default=30.0)
+    parser.add_argument("--live-heap-minutes", type=float, default=5.0,
+                        help="the job JVM's live heap (after a full collection) with a sample this often; 0: never")
     parser.add_argument("--scrape-seconds", type=float, default=15.0)
     parser.add_argument("--repeats", type=int, default=3, help="warm runs per page (the median is reported)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="another setting of the job")
+    parser.add_argument("--out", type=Path, help="write the JSON here, not bench/results/long_run.json (a look that "
+                        "must not replace the hour's figures)")
     args = parser.parse_args(argv)
     extra = dict(item.split("=", 1) for item in args.set)
     began_wall = time.perf_counter()
@@ -353,7 +321,9 @@ def main(argv: list[str] | None = None) -> dict:
         time.sleep(args.warmup_seconds)  # a benchmark's pacing, not a synchronisation
         check()
         began = time.monotonic()
-        samples.append(sample(began, procs, job.proc.pid, settings.data_dir, broker.broker_dir))
+        samples.append(sample(began, procs, job.proc.pid, settings.data_dir, broker.broker_dir,
+                              heap=bool(args.live_heap_minutes)))
+        next_heap = began + args.live_heap_minutes * 60
         start = measure_console(settings.data_dir, args.repeats, scraper)
         print(f"start: {samples[-1]['memory']['job']} pages "
               f"{ {p: t.get('warm_s') for p, t in start['pages'].items()} } scrape {start['exporter_scrape_s']} s", flush=True)
@@ -364,13 +334,16 @@ def main(argv: list[str] | None = None) -> dict:
             if producer.poll() is not None or exporter.poll() is not None:
                 raise BenchError(f"the producer ({producer.returncode}) or the exporter ({exporter.poll()}) exited; "
                                  f"see {work}")
-            samples.append(sample(began, procs, job.proc.pid, settings.data_dir, broker.broker_dir))
+            heap_due = args.live_heap_minutes and time.monotonic() >= next_heap
+            samples.append(sample(began, procs, job.proc.pid, settings.data_dir, broker.broker_dir, heap=heap_due))
+            next_heap += args.live_heap_minutes * 60 if heap_due else 0
             s = samples[-1]
             print(f"  {s['minute']:5.1f} min: job {s['memory']['job']['total_mb']:,.0f} MB (pss {s['memory']['job']['pss_mb']:,.0f}), "
                   f"broker {s['memory']['broker']['rss_mb']:,.0f} MB, exporter {s['memory']['exporter']['rss_mb']:,.0f} MB, "
                   f"disk {s['disk']['total']['bytes'] / 1e6:,.0f} MB, batch {s['batch'].get('batch_id')} "
-                  f"({s['batch'].get('batch_duration_ms')} ms), load {s['load_average'][0]:.1f}", flush=True)
-        last = sample(began, procs, job.proc.pid, settings.data_dir, broker.broker_dir)
+                  f"({s['batch'].get('batch_duration_ms')} ms), load {s['load_average'][0]:.1f}"
+                  + (f", JVM heap live {s['jvm_heap'].get('live_mb')} MB" if "jvm_heap" in s else ""), flush=True)
+        last = sample(began, procs, job.proc.pid, settings.data_dir, broker.broker_dir, heap=bool(args.live_heap_minutes))
         samples.append(last)
         end = measure_console(settings.data_dir, args.repeats, scraper)
         scraper.close()
@@ -400,7 +373,10 @@ def main(argv: list[str] | None = None) -> dict:
             "verdict": judge(start, end, samples, job_settings, minutes),
             "wall_s": round(time.perf_counter() - began_wall, 1),
         }
-    write_result(NAME, result)
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    else:
+        write_result(NAME, result)
     verdict = result["verdict"]
     print(f"\n{'PARTIAL ' if result['partial'] else ''}long run of {verdict['minutes']:g} min: "
           f"flat {'yes' if verdict['flat_ok'] else 'NO'}, pages {'ok' if verdict['pages_ok'] else 'NOT ok'}")
