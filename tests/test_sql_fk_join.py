@@ -119,6 +119,109 @@ CASES = [
 ]
 
 
+def plan_of(key: str, tier: str | None) -> tuple:
+    return ("plans", key, {"id": key, "tier": tier} if tier else None)
+
+
+def planned(key: str, name: str, plan: str | None) -> tuple:
+    return ("accounts", key, {"id": key, "name": name, "planId": plan} if plan else {"id": key, "name": name})
+
+
+def color(uid: str, value: str | None) -> tuple:
+    return ("colors", uid, {"userUid": uid, "color": value} if value else None)
+
+
+COLORS = ("colors", "userUid STRING, color STRING", "userUid")
+PLANS = (("accounts", "id STRING, name STRING, planId STRING", "id"), ("plans", "id STRING, tier STRING", "id"))
+
+# N-way chains: a foreign-key join then a join on the driving key, and a foreign key of a joined table
+CASES += [
+    Case("a_foreign_key_join_then_a_key_join",
+         "uid STRING, accountId STRING",
+         "uid STRING, account STRING, color STRING",
+         "INSERT INTO out SELECT u.uid, a.name, c.color FROM users u LEFT JOIN accounts a ON u.accountId = a.id "
+         "LEFT JOIN colors c ON u.uid = c.userUid",
+         (
+             ((user("u1", "A"), user("u2", "A"), user("u3", "B"), account("A", "Acme"), color("u1", "red"),
+               color("u9", "blue")),
+              (("u1", row(uid="u1", account="Acme", color="red")), ("u2", row(uid="u2", account="Acme", color=None)),
+               ("u3", row(uid="u3", account=None, color=None)))),
+             ((color("u2", "green"),), (("u2", row(uid="u2", account="Acme", color="green")),)),
+             ((account("A", "Acme 2"),), (("u1", row(uid="u1", account="Acme 2", color="red")),
+                                          ("u2", row(uid="u2", account="Acme 2", color="green")))),
+             # u1 moves to an account not there yet: one row, its color kept
+             ((user("u1", "B"),), (("u1", row(uid="u1", account=None, color="red")),)),
+             ((account("B", "Beta"),), (("u1", row(uid="u1", account="Beta", color="red")),
+                                        ("u3", row(uid="u3", account="Beta", color=None)))),
+             # the middle table's row goes: its users keep their row, its columns NULL
+             ((account("A", None),), (("u2", row(uid="u2", account=None, color="green")),)),
+             # (a step's messages on other keys may come in one batch or several: the same changelog)
+             ((color("u1", None), ("u2", None)), (("u1", row(uid="u1", account="Beta", color=None)), ("u2", ""))),
+             # a color with no user and an account tombstone: nothing until u2's return finds its color
+             ((color("u2", "pink"), account("Z", None), user("u2", "B")),
+              (("u2", row(uid="u2", account="Beta", color="pink")),)),
+         ),
+         joined=(ACCOUNTS[0], COLORS)),
+    Case("inner_chain_of_foreign_keys",
+         "uid STRING, accountId STRING",
+         "uid STRING, account STRING, tier STRING",
+         "INSERT INTO out SELECT u.uid, a.name, p.tier FROM users u JOIN accounts a ON u.accountId = a.id "
+         "JOIN plans p ON a.planId = p.id",
+         (
+             # u3's account's plan is missing: no row
+             ((user("u1", "A"), user("u2", "A"), user("u3", "B"), planned("A", "Acme", "P1"),
+               planned("B", "Beta", "P2"), plan_of("P1", "free")),
+              (("u1", row(uid="u1", account="Acme", tier="free")), ("u2", row(uid="u2", account="Acme", tier="free")))),
+             ((plan_of("P2", "pro"),), (("u3", row(uid="u3", account="Beta", tier="pro")),)),
+             # the middle table's foreign key moves: every user of it follows
+             ((planned("A", "Acme", "P2"),), (("u1", row(uid="u1", account="Acme", tier="pro")),
+                                              ("u2", row(uid="u2", account="Acme", tier="pro")))),
+             ((user("u1", "B"),), (("u1", row(uid="u1", account="Beta", tier="pro")),)),
+             ((plan_of("P2", "gold"),), (("u1", row(uid="u1", account="Beta", tier="gold")),
+                                         ("u2", row(uid="u2", account="Acme", tier="gold")),
+                                         ("u3", row(uid="u3", account="Beta", tier="gold")))),
+             # the middle table's row goes: its users are retracted through the join after it
+             ((account("A", None),), (("u2", ""),)),
+             ((plan_of("P2", None),), (("u1", ""), ("u3", ""))),
+             # A's return and P2's, in one batch or two: each user once
+             ((plan_of("P2", "platinum"), planned("A", "Acme", "P2")),
+              (("u1", row(uid="u1", account="Beta", tier="platinum")),
+               ("u2", row(uid="u2", account="Acme", tier="platinum")),
+               ("u3", row(uid="u3", account="Beta", tier="platinum")))),
+             # a NULL foreign key in the middle matches nothing
+             ((("u3", None), planned("B", "Beta", None)), (("u1", ""), ("u3", ""))),
+         ),
+         joined=PLANS),
+    Case("left_chain_of_foreign_keys",
+         "uid STRING, accountId STRING",
+         "uid STRING, accountId STRING, account STRING, tier STRING",
+         "INSERT INTO out SELECT u.uid, u.accountId, a.name, p.tier FROM users u LEFT OUTER JOIN accounts a "
+         "ON u.accountId = a.id LEFT JOIN plans p ON a.planId = p.id",
+         (
+             ((user("u1", "A"), user("u2", "A"), user("u3", "B"), user("u4", None), planned("A", "Acme", "P1"),
+               plan_of("P1", "free")),
+              (("u1", row(uid="u1", accountId="A", account="Acme", tier="free")),
+               ("u2", row(uid="u2", accountId="A", account="Acme", tier="free")),
+               ("u3", row(uid="u3", accountId="B", account=None, tier=None)),
+               ("u4", row(uid="u4", accountId=None, account=None, tier=None)))),
+             ((planned("B", "Beta", "P2"),), (("u3", row(uid="u3", accountId="B", account="Beta", tier=None)),)),
+             ((plan_of("P2", "pro"),), (("u3", row(uid="u3", accountId="B", account="Beta", tier="pro")),)),
+             ((planned("A", "Acme", "P2"),), (("u1", row(uid="u1", accountId="A", account="Acme", tier="pro")),
+                                              ("u2", row(uid="u2", accountId="A", account="Acme", tier="pro")))),
+             # the middle table's row goes: its users keep their row, with NULLs from it on
+             ((account("A", None),), (("u1", row(uid="u1", accountId="A", account=None, tier=None)),
+                                      ("u2", row(uid="u2", accountId="A", account=None, tier=None)))),
+             ((user("u1", "B"),), (("u1", row(uid="u1", accountId="B", account="Beta", tier="pro")),)),
+             ((plan_of("P2", None),), (("u1", row(uid="u1", accountId="B", account="Beta", tier=None)),
+                                       ("u3", row(uid="u3", accountId="B", account="Beta", tier=None)))),
+             # and a plan nobody's account references and a user never seen: nothing
+             ((("u3", None), plan_of("P1", "free 2"), ("u9", None)), (("u3", ""),)),
+             ((planned("A", "Acme", "P1"),), (("u2", row(uid="u2", accountId="A", account="Acme", tier="free 2")),)),
+         ),
+         joined=PLANS),
+]
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_changelog_of_each_foreign_key_join(case, settings_factory, broker, spark):
     check_changelog(case, settings_factory, broker, spark)

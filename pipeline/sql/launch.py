@@ -96,14 +96,14 @@ def describe_joins(plan) -> list[str]:
                 f"{versioned.name}.{versioned.primary_key} AS OF {driving.name}.{temporal.left_time} (VersionedLookup, "
                 f"event time): each {driving.name} row gets the {versioned.name} version current at its "
                 f"{temporal.left_time}, sent once both tables' watermarks have passed it"]
-    if not plan.foreign_key:
-        return []
-    driving, referenced = plan.sides[0], plan.sides[1]
-    kind = "INNER" if 1 in plan.inner else "LEFT"
-    columns = f"{driving.name}.{plan.foreign_key} = {referenced.name}.{referenced.primary_key}"
-    return [f"foreign-key join ({kind}): {columns}, "
-            f"keyed by the foreign key value (ForeignKeyJoin): a changed {referenced.name} row updates the "
-            f"{driving.name} rows referencing it"]
+    lines = []
+    for side, of_side, column in plan.foreign_keys:  # one ForeignKeyJoin each, in the order written
+        driving, referenced = plan.sides[of_side], plan.sides[side]
+        kind = "INNER" if side in plan.inner else "LEFT"
+        columns = f"{driving.name}.{column} = {referenced.name}.{referenced.primary_key}"
+        lines.append(f"foreign-key join ({kind}): {columns}, keyed by the foreign key value (ForeignKeyJoin): "
+                     f"a changed {referenced.name} row updates the {driving.name} rows referencing it")
+    return lines
 
 
 def launch(settings: Settings, files: list[str], statements: list[str] | None, name: str | None,

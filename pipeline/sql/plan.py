@@ -18,11 +18,11 @@ The supported subset (DESIGN.md §11):
     [JOIN …]… [WHERE …] GROUP BY g… [HAVING …]`` (the target's primary key is the group column,
     or one expression of every group column; over JOINs, the joined rows are grouped);
   - ``SELECT expressions FROM t [a] [LEFT [OUTER] | [INNER] JOIN t2 [b] ON a.pk = b.pk]… [WHERE …]``
-    (every join on the two tables' primary keys, or one join of the driving table's column to the
-    joined table's primary key, a foreign-key join: pipeline/sql/foreign_key.py; or one event-time temporal
-    join, ``[LEFT] JOIN t2 FOR SYSTEM_TIME AS OF a.time``: pipeline/sql/temporal.py; WHERE's conditions on the driving table run
-    before the operators, the others on the joined rows, with an inner join's "its side has a
-    row"; the target's primary key is the driving table's).
+    (each join on the two tables' primary keys, or of a column of a table before it to the joined
+    table's primary key, a foreign-key join, in any N-way chain: pipeline/sql/foreign_key.py; or one
+    event-time temporal join, ``[LEFT] JOIN t2 FOR SYSTEM_TIME AS OF a.time``: pipeline/sql/temporal.py;
+    WHERE's conditions on the driving table run before the operators, the others on the joined
+    rows, with an inner join's "its side has a row"; the target's primary key is the driving table's).
   Expressions are translated to Spark SQL (pipeline/sql/expressions.py, pipeline/sql/select.py)
   and typed: a value that does not fit its target column is refused here.
 """
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 AGGREGATES = {exp.Count: "COUNT", exp.Sum: "SUM", exp.Min: "MIN", exp.Max: "MAX"}
 SHAPES = ("SELECT … FROM t [JOIN …] [WHERE …] GROUP BY … [HAVING …] with COUNT, SUM, MIN, MAX, AVG; "
           "or SELECT … FROM t [[LEFT|INNER] JOIN t2 ON t.pk = t2.pk …] [WHERE …]")
-JOINS = "LEFT [OUTER] JOIN or [INNER] JOIN table ON a.pk = b.pk (or ON a.fk = b.pk, alone)"
+JOINS = "LEFT [OUTER] JOIN or [INNER] JOIN table ON a.pk = b.pk (or ON a.fk = b.pk)"
 __all__ = ["UnsupportedSql", "build_plan", "build_table", "Plan", "Table", "Column", "Output", "field_name", "present_field",
            "resolve_column"]
 
@@ -96,7 +96,8 @@ class Plan:
     group_labels: tuple[str, ...] = ()  # the GROUP BY items as written
     inner: tuple[int, ...] = ()  # the sides joined by an [INNER] JOIN: a result row needs their row
     settings: tuple[tuple[str, str], ...] = ()  # the script's SET 'key' = 'value' (pipeline/sql/settings.py)
-    foreign_key: str | None = None  # a foreign-key join: the driving table's column equated with sides[1]'s key
+    foreign_key: str | None = None  # a foreign-key join: the first one's column (of the table foreign_keys names)
+    foreign_keys: tuple[tuple[int, int, str], ...] = ()  # each foreign-key join: (joined side, side, its column)
     temporal: "Temporal | None" = None  # FOR SYSTEM_TIME AS OF: pipeline/sql/temporal.py
 
     @property
@@ -171,7 +172,7 @@ def build_query(insert: exp.Insert, tables: dict[str, Table], statements: tuple[
                              f"is not supported; supported: {TEMPORAL}")
     sides = [_table(tables, driving.name, "FROM")]
     aliases = {(driving.alias_or_name).lower(): 0, driving.name.lower(): 0}
-    inner, foreign_key, temporal = [], None, None
+    inner, foreign_keys, temporal = [], [], None
     if joins and isinstance(joins[0].this, exp.Table) and joins[0].this.args.get("version") is not None:
         from pipeline.sql.temporal import plan_temporal_join
         temporal = plan_temporal_join(select, tables, sides, aliases, settings or {})
@@ -181,7 +182,8 @@ def build_query(insert: exp.Insert, tables: dict[str, Table], statements: tuple[
             inner.append(side)
         aliases[join.this.alias_or_name.lower()] = side
         aliases[join.this.name.lower()] = side
-        foreign_key = foreign_key or referencing
+        if referencing:
+            foreign_keys.append((side, *referencing))
     group = select.args.get("group")
     query = Query(sides, aliases, metadata=not group)
     if temporal is not None:  # the join's and the times' columns, which no expression may read
@@ -192,14 +194,13 @@ def build_query(insert: exp.Insert, tables: dict[str, Table], statements: tuple[
         refuse_timestamp_columns(sides)
     where = select.args.get("where")
     where_sql, where_joined = query.where(where.this) if where else (None, None)
-    if foreign_key:
-        from pipeline.sql.foreign_key import check_foreign_key_join
-        check_foreign_key_join(joins, settings or {})
-        query.reads.append((0, foreign_key))
+    query.reads += [(side, column) for _, side, column in foreign_keys if (side, column) not in query.reads]
     # an inner join as Flink means it on upsert tables: the joined row is there while each inner
     # side has its row, and retracted (resolve_changes, as a WHERE on a joined table) when one goes;
     # a foreign-key join's operator decides that itself (pipeline/sql/foreign_key.py)
-    present = [f"`{present_field(side)}`" for side in inner if not foreign_key] + ([where_joined] if where_joined else [])
+    referenced = {side for side, _, _ in foreign_keys}
+    present = ([f"`{present_field(side)}`" for side in inner if side not in referenced]
+               + ([where_joined] if where_joined else []))
     where_joined = None if not present else present[0] if len(present) == 1 else f"({' AND '.join(present)})"
     having = select.args.get("having")
     if having and not group:
@@ -213,7 +214,8 @@ def build_query(insert: exp.Insert, tables: dict[str, Table], statements: tuple[
                 where=where_sql, where_joined=where_joined, having=having_sql, derived=tuple(query.derived), aggregates=tuple(query.aggregates),
                 group_fields=tuple(query.group_fields), reads=tuple(query.reads),
                 group_labels=tuple(g.sql(dialect=Flink) for g in (group.expressions if group else [])), inner=tuple(inner),
-                settings=tuple(sorted((settings or {}).items())), foreign_key=foreign_key, temporal=temporal)
+                settings=tuple(sorted((settings or {}).items())), temporal=temporal,
+                foreign_key=foreign_keys[0][2] if foreign_keys else None, foreign_keys=tuple(foreign_keys))
     _check_key(plan)
     _check_types(plan)
     return plan
@@ -284,8 +286,9 @@ def resolve_column(column: exp.Expression, sides: list[Table], aliases: dict[str
     return side, declared.name
 
 
-def _join(join: exp.Join, tables: dict[str, Table], sides: list[Table], aliases: dict[str, int]) -> tuple[int, str | None]:
-    """(the joined table's side index, the driving table's column of a foreign-key join or None)."""
+def _join(join: exp.Join, tables: dict[str, Table], sides: list[Table],
+          aliases: dict[str, int]) -> tuple[int, tuple[int, str] | None]:
+    """(the joined table's side index, the (side, column) of a foreign-key join's key or None)."""
     text = join.sql(dialect=Flink)
     left = join.side == "LEFT" and join.kind in ("", "OUTER")
     inner = not join.side and join.kind in ("", "INNER")
@@ -304,15 +307,16 @@ def _join(join: exp.Join, tables: dict[str, Table], sides: list[Table], aliases:
         raise UnsupportedSql(f"{text.strip()!r}: ON must be one equality of primary keys; supported: {JOINS}")
     ends = sorted((resolve_column(condition.this, sides, scope, "ON"), resolve_column(condition.expression, sides, scope, "ON")))
     (left, left_col), (right, right_col) = ends
-    if left != 0 or right != index or right_col.lower() != table.primary_key.lower():
-        raise UnsupportedSql(f"{text.strip()!r}: ON must equate a column of {sides[0].name} with "
+    if left == right or right != index or right_col.lower() != table.primary_key.lower():
+        before = " or ".join(side.name for side in sides[:-1])
+        raise UnsupportedSql(f"{text.strip()!r}: ON must equate a column of {before} with "
                              f"{table.name}.{table.primary_key}; supported: JOINs on the driving table's "
-                             "primary key or on a foreign key of it")
-    if left_col.lower() == sides[0].primary_key.lower():
+                             "primary key or on a foreign key of it or of a table joined before")
+    if left == 0 and left_col.lower() == sides[0].primary_key.lower():
         return index, None
     from pipeline.sql.foreign_key import check_foreign_key_types
-    check_foreign_key_types(text.strip(), sides[0], left_col, table)
-    return index, left_col
+    check_foreign_key_types(text.strip(), sides[left], left_col, table)
+    return index, (left, left_col)
 
 
 def _check_key(plan: Plan) -> None:

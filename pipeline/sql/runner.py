@@ -36,7 +36,7 @@ from pipeline.runtime.freed_memory import give_back_freed_memory
 from pipeline.metrics import MetricsStore, prune_old_days
 from pipeline.sinks import SinkMaintenance, last_committed_batch
 from pipeline.sql.envelope import envelope_ddl, field_name, make_parser, used_columns
-from pipeline.sql.foreign_key import apply_foreign_key_join
+from pipeline.sql.foreign_key import apply_foreign_key_join, foreign_key_fingerprint
 from pipeline.sql.plan import Plan, present_field
 from pipeline.sql.progress import build_sql_progress_row
 from pipeline.sql.settings import state_ttl_ms
@@ -73,7 +73,7 @@ def plan_fingerprint(plan: Plan) -> str:
             or len(plan.group_fields) > 1):
         parts.append(computed)  # a plan of plain columns and aggregates keeps the fingerprint it had
     if plan.foreign_key:
-        parts.append(["foreign key", plan.foreign_key])  # two operators keyed otherwise than a key join's one
+        parts.append(foreign_key_fingerprint(plan))  # operators keyed otherwise than a key join's one
     if plan.temporal is not None:
         parts.append(["temporal", plan.temporal.__dict__])  # a versioned lookup and a join keyed otherwise
     if state_ttl_ms(plan.settings):

@@ -1,5 +1,6 @@
 package statefulstreams;
 
+import java.time.Duration;
 import java.util.ArrayList;
 import java.util.LinkedHashMap;
 import java.util.List;
@@ -38,7 +39,18 @@ import statefulstreams.Rows.Field;
  *
  * <p>State per foreign key value, in the RocksDB state store: {@code referencing} (MapState from
  * each driving row's primary key to its value columns) and {@code referenced} (ValueState, the
- * referenced row).
+ * referenced row). With {@link ForeignKeySpec#stateTtlMs} above 0 (Flink's
+ * {@code table.exec.state.ttl}), both have Spark's TTL in processing time, as {@link UpsertJoin}'s
+ * sides: each {@code referencing} entry expires the TTL after that driving row was last put in
+ * (its {@code after}), the referenced row the TTL after it was last written, each on its own and
+ * with nothing emitted (Flink's regular join: each input side's state expires the TTL after it was
+ * last written). An expired entry is as if never held: a referenced row's change no longer
+ * updates it and its {@code before} finds nothing to retract; an expired referenced row reads as
+ * missing. With 0, TimeMode.None and no TTL.
+ *
+ * <p>In an N-way chain (pipeline/sql/foreign_key.py) one ForeignKeyJoin's output is the next
+ * one's driving rows: its {@code before} and {@code after} are what it sent, so the next one holds
+ * exactly the rows sent and retracts each with the row it was sent with.
  *
  * <p>Call order and guarantees (Spark calls {@code handleInputRows} once per foreign key value
  * with input in a batch; there are no timers):
@@ -84,12 +96,14 @@ public final class ForeignKeyJoin extends StatefulProcessor<String, Row, Row> {
 
   private final Columns columns;
   private final boolean inner;
+  private final long stateTtlMs;
   private transient MapState<String, Row> referencing;
   private transient ValueState<Row> referencedRow;
 
-  ForeignKeyJoin(Columns columns, boolean inner) {
+  ForeignKeyJoin(Columns columns, boolean inner, long stateTtlMs) {
     this.columns = columns;
     this.inner = inner;
+    this.stateTtlMs = stateTtlMs;
   }
 
   /**
@@ -100,15 +114,16 @@ public final class ForeignKeyJoin extends StatefulProcessor<String, Row, Row> {
   public static Dataset<Row> apply(Dataset<Row> input, ForeignKeySpec spec) {
     Columns columns = new Columns(input.schema(), spec);
     return KeyedByColumn.group(input, spec.foreignKey, Encoders.STRING(), "")
-        .transformWithState(new ForeignKeyJoin(columns, spec.inner), TimeMode.None(), OutputMode.Append(),
+        .transformWithState(new ForeignKeyJoin(columns, spec.inner, spec.stateTtlMs),
+            spec.stateTtlMs > 0 ? TimeMode.ProcessingTime() : TimeMode.None(), OutputMode.Append(),
             Encoders.row(columns.schema));
   }
 
   @Override
   public void init(OutputMode outputMode, TimeMode timeMode) {
-    referencing = getHandle().getMapState("referencing", Encoders.STRING(), Encoders.row(columns.drivingSchema),
-        TTLConfig.NONE());
-    referencedRow = getHandle().getValueState("referenced", Encoders.row(columns.referencedSchema), TTLConfig.NONE());
+    TTLConfig ttl = stateTtlMs > 0 ? TTLConfig.apply(Duration.ofMillis(stateTtlMs)) : TTLConfig.NONE();
+    referencing = getHandle().getMapState("referencing", Encoders.STRING(), Encoders.row(columns.drivingSchema), ttl);
+    referencedRow = getHandle().getValueState("referenced", Encoders.row(columns.referencedSchema), ttl);
   }
 
   @Override

@@ -10,7 +10,7 @@ import java.util.List;
  * <pre>{@code
  * new ForeignKeySpec().foreignKey("fk_key").key("key").op("op")
  *     .driving(List.of("s0_uid", "s0_accountId")).referenced(List.of("s1_id", "s1_name"))
- *     .readOrder(List.of("source_partition", "position")).inner(false)
+ *     .readOrder(List.of("source_partition", "position")).inner(false).stateTtlMs(3_600_000)
  * }</pre>
  */
 public final class ForeignKeySpec implements Serializable {
@@ -20,6 +20,7 @@ public final class ForeignKeySpec implements Serializable {
   List<String> referenced = List.of();
   List<String> readOrder = List.of();
   boolean inner;
+  long stateTtlMs;
 
   /** The (string) column the rows are keyed by: the foreign key value, encoded by Python. */
   public ForeignKeySpec foreignKey(String column) { foreignKey = column; return this; }
@@ -41,4 +42,17 @@ public final class ForeignKeySpec implements Serializable {
 
   /** An [INNER] JOIN (a driving row has a joined row only while its referenced row is there). */
   public ForeignKeySpec inner(boolean isInner) { inner = isInner; return this; }
+
+  /**
+   * Flink's {@code table.exec.state.ttl} in milliseconds: a referencing row or a referenced row
+   * not written for that long (processing time) is dropped, each on its own; 0 (the default)
+   * keeps every row.
+   */
+  public ForeignKeySpec stateTtlMs(long millis) {
+    if (millis < 0) {
+      throw new IllegalArgumentException("stateTtlMs " + millis + " is negative; give 0 (no TTL) or more");
+    }
+    stateTtlMs = millis;
+    return this;
+  }
 }
