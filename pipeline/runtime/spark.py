@@ -30,6 +30,24 @@ STATE_STORE_CONF = {
     "spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB": "384",
     "spark.sql.streaming.stateStore.stateSchemaCheck": "true",
 }
+# What the driver keeps of past batches for its UI and status API. Spark's defaults keep 1,000
+# jobs, 1,000 stages and 1,000 SQL executions: at one job of about three stages and two SQL
+# executions a batch, the hour at 2,000 orders/s (783 batches) never reached them, so the driver's
+# heap grew for the whole hour (bench/README.md, "The hour of the real job"); an execution keeps
+# its physical plan's text and graph (about 44 KB as the REST API's JSON). The job reads only the
+# newest batch's jobs and stages (pipeline/listener.py, within seconds of the batch), and no one
+# reads the SQL tab, so a few minutes of batches at the 0.5 s trigger are plenty. Tasks are kept
+# per stage (at most its partitions here) and streaming progress 100 deep by default; both are
+# stated so the bound is ours, not a default's.
+UI_RETENTION_CONF = {
+    "spark.ui.retainedJobs": "200",
+    "spark.ui.retainedStages": "500",
+    "spark.ui.retainedTasks": "10000",
+    "spark.sql.ui.retainedExecutions": "100",
+    "spark.sql.streaming.ui.retainedProgressUpdates": "100",
+    "spark.sql.streaming.ui.retainedQueries": "20",
+    "spark.sql.streaming.numRecentProgressUpdates": "100",
+}
 # With a shared secret (a cluster): RPC and block transfers (shuffles carry names and emails)
 # are encrypted with keys derived from it. The master and worker get the same in compose.
 SECURE_RPC_CONF = {"spark.network.crypto.enabled": "true"}
@@ -96,7 +114,7 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
         .config("spark.executor.extraJavaOptions", JIT_OPTIONS)
         .config(f"spark.executorEnv.{ARROW_POOL_VARIABLE}", ARROW_POOL)  # a cluster's Python workers
     )
-    for key, value in STATE_STORE_CONF.items():
+    for key, value in {**STATE_STORE_CONF, **UI_RETENTION_CONF}.items():
         builder = builder.config(key, value)
     if settings["spark.master"].startswith("local"):
         # Loopback only on one machine; on a cluster the workers must reach the driver.
