@@ -203,6 +203,55 @@ def test_havings_join_drops_a_groups_last_row_on_its_expire_row_and_sends_nothin
         ("g1", "after", "2", None), ("g1", "before", "1", None), ("g2", "after", "3", None)]
 
 
+FK_SCHEMA = "key STRING, fk_key STRING, op STRING, source_partition BIGINT, position BIGINT, s0_a STRING, s1_b STRING"
+
+
+def build_foreign_key_join(ttl_ms: int):
+    def operator(jvm, rows):
+        spec = (jvm.ForeignKeySpec().foreignKey("fk_key").key("key").op("op").driving(["s0_a"]).referenced(["s1_b"])
+                .readOrder(["source_partition", "position"]).inner(False).stateTtlMs(ttl_ms))
+        return jvm.ForeignKeyJoin.apply(rows, spec)
+    return operator
+
+
+def referencing(key: str, foreign: str, a: str, op: str = "after") -> dict:
+    """A driving row's version (UpsertJoin's before or after), under its foreign key value."""
+    return {"key": key, "fk_key": foreign, "op": op, "source_partition": 0, "position": 0, "s0_a": a}
+
+
+def referenced(foreign: str, position: int, b: str) -> dict:
+    return {"key": foreign, "fk_key": foreign, "op": "upsert", "source_partition": 0, "position": position, "s1_b": b}
+
+
+def test_a_foreign_key_joins_referencing_and_referenced_rows_expire_each_on_its_own(steps_of):
+    steps = steps_of(FK_SCHEMA, build_foreign_key_join(TTL_MS))
+    steps.run([referencing("warm-up", "W", "w")])  # the first batch is the slow one
+    assert joined(steps.run([referencing("k1", "F1", "a1"), referencing("k2", "F2", "a2"), referenced("F1", 1, "b1"),
+                             referenced("F2", 2, "b2")])) == [("k1", "after", "a1", "b1"), ("k2", "after", "a2", "b2")]
+    first = steps.batch_ms
+    # F2 written again, k3 put under F1: both written half a TTL later than the first step's rows
+    assert joined(steps.run([referenced("F2", 3, "b2+"), referencing("k3", "F1", "a3")],
+                            not_before_ms=first + TTL_MS // 2)) == [
+        ("k2", "after", "a2", "b2+"), ("k2", "before", "a2", "b2"), ("k3", "after", "a3", "b1")]
+    second = steps.batch_ms
+    # past the TTL of the first step's writes (F1 and k2), not of the second's (F2 and k3): a row
+    # put under F1 now finds no referenced row (LEFT: NULLs); one put under F2 finds it
+    third = steps.run([referencing("k4", "F1", "a4"), referencing("k5", "F2", "a5")], not_before_ms=first + TTL_MS + 300)
+    assert steps.batch_ms < second + TTL_MS, "the machine took longer than TTL_MS / 2 to start a batch"
+    assert joined(third) == [("k4", "after", "a4", None), ("k5", "after", "a5", "b2+")]
+    # F2's change updates the rows referencing it that have not expired: k5, not k2 (expiry itself sent nothing)
+    assert joined(steps.run([referenced("F2", 4, "b2++")])) == [("k5", "after", "a5", "b2++"),
+                                                                ("k5", "before", "a5", "b2+")]
+    assert steps.batch_ms < second + TTL_MS, "the machine took longer than TTL_MS / 2 to start two batches"
+
+
+def test_a_foreign_key_join_without_a_ttl_keeps_every_row(steps_of):
+    steps = steps_of(FK_SCHEMA, build_foreign_key_join(0))
+    steps.run([referencing("k1", "F1", "a1"), referenced("F1", 1, "b1")])
+    assert joined(steps.run([referenced("F1", 2, "b1+")], not_before_ms=steps.batch_ms + 500)) == [
+        ("k1", "after", "a1", "b1+"), ("k1", "before", "a1", "b1")]
+
+
 TTL_SCRIPT = """SET 'table.exec.state.ttl' = '3 s';
 CREATE TABLE users (uid STRING, accountId STRING, PRIMARY KEY (uid) NOT ENFORCED) WITH ('connector' = 'upsert-pulsar',
  'topic' = 'persistent://public/default/users', 'key.format' = 'raw', 'value.format' = 'json');
@@ -243,3 +292,42 @@ def test_a_pipeline_with_a_state_ttl_counts_an_idle_group_anew_and_sends_nothing
     # the sink refuses an op it does not send rather than drop it again
     changes = sorted(sink_rows(settings, "ttl", "result"), key=lambda r: r["_batch_id"])
     assert [(r["_key"], r["_op"], r["n"]) for r in changes] == [("A", "upsert", 2), ("A", "upsert", 1)]
+
+
+FK_TTL_SCRIPT = """SET 'table.exec.state.ttl' = '3 s';
+CREATE TABLE users (uid STRING, accountId STRING, PRIMARY KEY (uid) NOT ENFORCED) WITH ('connector' = 'upsert-pulsar',
+ 'topic' = 'persistent://public/default/users', 'key.format' = 'raw', 'value.format' = 'json');
+CREATE TABLE accounts (id STRING, name STRING, PRIMARY KEY (id) NOT ENFORCED) WITH ('connector' = 'upsert-pulsar',
+ 'topic' = 'persistent://public/default/accounts', 'key.format' = 'raw', 'value.format' = 'json');
+CREATE TABLE named (uid STRING, account STRING, PRIMARY KEY (uid) NOT ENFORCED) WITH ('connector' = 'upsert-pulsar',
+ 'topic' = 'persistent://public/default/named', 'key.format' = 'raw', 'value.format' = 'json');
+INSERT INTO named SELECT u.uid, a.name FROM users u LEFT JOIN accounts a ON u.accountId = a.id;"""
+
+
+@pytest.mark.e2e
+def test_a_foreign_key_join_with_a_state_ttl_forgets_an_idle_referenced_row_and_sends_nothing_on_expiry(
+        settings_factory, broker, spark):
+    from factories import publish
+    from pipeline.sql.plan import build_plan
+    from sqlhelp import Running, fresh_topics, message, read_topic
+
+    settings = settings_factory(job__restart__delay="3s")
+    topics = fresh_topics("users", "accounts", "named")
+    url = broker.service_url
+    publish(url, topics["users"], [message("u1", {"uid": "u1", "accountId": "A"})])
+    publish(url, topics["accounts"], [message("A", {"id": "A", "name": "Acme"})])
+    with Running(settings, build_plan(FK_TTL_SCRIPT, topics), "fk-ttl", spark) as running:
+        def arrived(count: int):
+            running.result(settings, "fk-ttl")  # raises the pipeline's own error, if it stopped
+            on_topic = read_topic(url, topics["named"], timeout_ms=300)
+            return len(on_topic) >= count and on_topic
+
+        assert wait_for(lambda: arrived(1), 180, what="the first joined row") == [("u1", '{"uid":"u1","account":"Acme"}')]
+        seen_ms = time.time() * 1000  # after the batch that wrote both rows: their TTL ends before seen + TTL
+        wait_for(lambda: time.time() * 1000 >= seen_ms + 3500, 10, 0.05, "the rows' TTL")
+        # u1's delete, read before u2: its row expired, so nothing is sent for it; u2 finds no account
+        publish(url, topics["users"], [message("u1", None), message("u2", {"uid": "u2", "accountId": "A"})])
+        on_topic = wait_for(lambda: arrived(2), 90, what="the joined row after the TTL")
+        current = sorted(running.result(settings, "fk-ttl"), key=lambda r: r["uid"])
+    assert on_topic == [("u1", '{"uid":"u1","account":"Acme"}'), ("u2", '{"uid":"u2","account":null}')]
+    assert current == [{"uid": "u1", "account": "Acme"}, {"uid": "u2", "account": None}]
