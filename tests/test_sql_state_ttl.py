@@ -236,7 +236,8 @@ def test_a_foreign_key_joins_referencing_and_referenced_rows_expire_each_on_its_
     second = steps.batch_ms
     # past the TTL of the first step's writes (F1 and k2), not of the second's (F2 and k3): a row
     # put under F1 now finds no referenced row (LEFT: NULLs); one put under F2 finds it
-    third = steps.run([referencing("k4", "F1", "a4"), referencing("k5", "F2", "a5")], not_before_ms=first + TTL_MS + 300)
+    third = steps.run([referencing("k4", "F1", "a4"), referencing("k5", "F2", "a5")],
+                      not_before_ms=first + TTL_MS + 300)
     assert steps.batch_ms < second + TTL_MS, "the machine took longer than TTL_MS / 2 to start a batch"
     assert joined(third) == [("k4", "after", "a4", None), ("k5", "after", "a5", "b2+")]
     # F2's change updates the rows referencing it that have not expired: k5, not k2 (expiry itself sent nothing)
@@ -322,7 +323,8 @@ def test_a_foreign_key_join_with_a_state_ttl_forgets_an_idle_referenced_row_and_
             on_topic = read_topic(url, topics["named"], timeout_ms=300)
             return len(on_topic) >= count and on_topic
 
-        assert wait_for(lambda: arrived(1), 180, what="the first joined row") == [("u1", '{"uid":"u1","account":"Acme"}')]
+        first = wait_for(lambda: arrived(1), 180, what="the first joined row")
+        assert first == [("u1", '{"uid":"u1","account":"Acme"}')]
         seen_ms = time.time() * 1000  # after the batch that wrote both rows: their TTL ends before seen + TTL
         wait_for(lambda: time.time() * 1000 >= seen_ms + 3500, 10, 0.05, "the rows' TTL")
         # u1's delete, read before u2: its row expired, so nothing is sent for it; u2 finds no account
