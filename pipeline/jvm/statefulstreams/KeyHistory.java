@@ -12,6 +12,8 @@ import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 
+import scala.jdk.javaapi.CollectionConverters;
+
 import statefulstreams.Rows.Field;
 
 /**
@@ -91,7 +93,7 @@ final class KeyHistory {
   /** Every version held, oldest first (the list, then the head's), loaded once. */
   List<Row> all() {
     if (history == null) {
-      history = head.older > 0 ? Rows.load(versions) : new ArrayList<>();
+      history = head.older > 0 ? loadHeld(versions) : new ArrayList<>();
       olderLoaded = history.size();
       history.addAll(head.recent);
       history.sort(columns.readOrder());
@@ -221,6 +223,16 @@ final class KeyHistory {
       return columns.versionMs.getLong(held.get(0));
     }
     return held.size() > 1 ? Long.valueOf(columns.versionMs.getLong(held.get(1))) : null;
+  }
+
+  /**
+   * The rows of a list state the head counts as not empty: read without {@link Rows#load}'s
+   * existence check, a second RocksDB read of the same key.
+   */
+  static List<Row> loadHeld(ListState<Row> state) {
+    List<Row> rows = new ArrayList<>();
+    CollectionConverters.asJava(state.get()).forEachRemaining(rows::add);
+    return rows;
   }
 
   /** Whether {@code held} holds a version of the same time and the same record (or tombstone). */

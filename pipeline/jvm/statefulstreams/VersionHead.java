@@ -21,8 +21,12 @@ import org.apache.spark.sql.types.StructType;
  *   <li>{@code prune_at}: the least pruning horizon past which pruning would drop something (the
  *       second version's time, or the first's when it is a tombstone; null when nothing ever goes);</li>
  *   <li>{@code waiting}: how many orders wait in {@code waiting}, and {@code due_ms}: the least
- *       watermark at which one of them may be due;</li>
- *   <li>{@code timer_ms}: the key's one registered event-time timer (null when none).</li>
+ *       watermark at which one of them may be due (or, seen at watermark 0, judged for the future);</li>
+ *   <li>{@code prune_timer_ms}: the key's pruning timer (null when none), and {@code due_timer_ms}:
+ *       a timer for its waiting orders, registered only when it is due before the pruning one, which
+ *       stays registered (so a waiting order costs one timer register, no delete). These are the
+ *       key's only timers; a time at or below the watermark is spent (fired, or firing in this
+ *       batch) and is read as none.</li>
  * </ul>
  * A plain holder: the operator reads it once per call ({@link #read}) and writes it back when it
  * changed ({@link #toRow}).
@@ -36,14 +40,15 @@ final class VersionHead {
         DataTypes.createStructField("prune_at", DataTypes.LongType, true),
         DataTypes.createStructField("waiting", DataTypes.IntegerType, false),
         DataTypes.createStructField("due_ms", DataTypes.LongType, true),
-        DataTypes.createStructField("timer_ms", DataTypes.LongType, true)));
+        DataTypes.createStructField("prune_timer_ms", DataTypes.LongType, true),
+        DataTypes.createStructField("due_timer_ms", DataTypes.LongType, true)));
   }
 
   /** Where a head's parts sit in its row (found once, on the driver). */
   static final class Layout implements Serializable {
     private static final long serialVersionUID = 1L;
     final StructType schema, versionSchema;
-    final int recent, older, pruneAt, waiting, dueMs, timerMs;
+    final int recent, older, pruneAt, waiting, dueMs, pruneTimerMs, dueTimerMs;
 
     Layout(StructType versionSchema) {
       this.versionSchema = versionSchema;
@@ -53,7 +58,8 @@ final class VersionHead {
       this.pruneAt = schema.fieldIndex("prune_at");
       this.waiting = schema.fieldIndex("waiting");
       this.dueMs = schema.fieldIndex("due_ms");
-      this.timerMs = schema.fieldIndex("timer_ms");
+      this.pruneTimerMs = schema.fieldIndex("prune_timer_ms");
+      this.dueTimerMs = schema.fieldIndex("due_timer_ms");
     }
   }
 
@@ -62,7 +68,8 @@ final class VersionHead {
   Long pruneAt;
   int waiting;
   Long dueMs;
-  Long timerMs;
+  Long pruneTimerMs;
+  Long dueTimerMs;
   /** Whether the key had a head when read (so an empty one is cleared, not written). */
   final boolean existed;
 
@@ -70,8 +77,11 @@ final class VersionHead {
     this.existed = existed;
   }
 
-  /** The head a state row holds ({@code row} null: a key with nothing held yet). */
-  static VersionHead read(Row row, Layout layout) {
+  /**
+   * The head a state row holds ({@code row} null: a key with nothing held yet); its timers at or
+   * below {@code watermark} are spent and read as none.
+   */
+  static VersionHead read(Row row, Layout layout, long watermark) {
     VersionHead head = new VersionHead(row != null);
     if (row == null) {
       return head;
@@ -81,13 +91,18 @@ final class VersionHead {
     head.pruneAt = row.isNullAt(layout.pruneAt) ? null : row.getLong(layout.pruneAt);
     head.waiting = row.getInt(layout.waiting);
     head.dueMs = row.isNullAt(layout.dueMs) ? null : row.getLong(layout.dueMs);
-    head.timerMs = row.isNullAt(layout.timerMs) ? null : row.getLong(layout.timerMs);
+    head.pruneTimerMs = pending(row, layout.pruneTimerMs, watermark);
+    head.dueTimerMs = pending(row, layout.dueTimerMs, watermark);
     return head;
+  }
+
+  private static Long pending(Row row, int index, long watermark) {
+    return row.isNullAt(index) || row.getLong(index) <= watermark ? null : row.getLong(index);
   }
 
   /** Whether the head holds nothing: no version, no waiting order, no timer. */
   boolean isEmpty() {
-    return recent.isEmpty() && older == 0 && waiting == 0 && timerMs == null;
+    return recent.isEmpty() && older == 0 && waiting == 0 && pruneTimerMs == null && dueTimerMs == null;
   }
 
   /** The head as a state row. */
@@ -98,7 +113,8 @@ final class VersionHead {
     values[layout.pruneAt] = pruneAt;
     values[layout.waiting] = waiting;
     values[layout.dueMs] = dueMs;
-    values[layout.timerMs] = timerMs;
+    values[layout.pruneTimerMs] = pruneTimerMs;
+    values[layout.dueTimerMs] = dueTimerMs;
     return new GenericRowWithSchema(values, layout.schema);
   }
 }

@@ -2,7 +2,6 @@ package statefulstreams;
 
 import java.util.ArrayList;
 import java.util.List;
-import java.util.Objects;
 
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Encoders;
@@ -37,7 +36,7 @@ import statefulstreams.Rows.Field;
  * newest versions, up to {@link KeyHistory#RECENT}, and the counts and times that let a call leave
  * the rest unread), {@code versions} (ListState: the older versions, oldest first: time, read
  * order, tombstone flag and the state columns) and {@code waiting} (ListState, whole order rows),
- * plus one event-time timer per key. What a call reads and writes ({@link KeyHistory}; issue 31:
+ * plus at most two event-time timers per key. What a call reads and writes ({@link KeyHistory}; issue 31:
  * the backlog read 0.61 x processing time when every call loaded, sorted and rewrote the list):
  * <ul>
  *   <li>a version strictly newer than every held one (the usual case) joins the head's; the
@@ -46,13 +45,14 @@ import statefulstreams.Rows.Field;
  *       loads the list, which is then written back whole;</li>
  *   <li>an order at or after the head's oldest version reads the head only; an earlier one
  *       loads the list (a key with few versions has none);</li>
- *   <li>the waiting orders are read only when the key has new versions, its timer is due or its
- *       history is to be pruned; a new waiting order is appended;</li>
- *   <li>the key's one timer is the least of its waiting orders' due times and the time pruning
- *       would drop something (prune_at + allowedLateness + maxWait + 1); a replaced timer is
- *       deleted. A key holding one version has no pruning timer, so a watermark that jumps past
- *       a backlog fires only the keys with something to drop, and a key whose newest version
- *       is older than the horizon drops its list unread.</li>
+ *   <li>the waiting orders are read only when the key has new versions, one of them may be due
+ *       or its history is to be pruned; a new waiting order is appended;</li>
+ *   <li>the key's timers ({@link KeyTimers}): one at the time pruning would drop something
+ *       (prune_at + allowedLateness + maxWait + 1), left registered while orders wait, and one
+ *       at the waiting orders' least due time only when that is earlier. A key holding one
+ *       version has no pruning timer, so a watermark that jumps past a backlog fires only the
+ *       keys with something to drop, and a key whose newest version is older than the horizon
+ *       drops its list unread.</li>
  * </ul>
  *
  * <p>Call order and guarantees (Spark calls {@code handleInputRows} once per key with input in a
@@ -77,9 +77,9 @@ import statefulstreams.Rows.Field;
  *   <li>Otherwise it is decided once the watermark is past its time and, when no record is
  *       current at its time, past its time + maxWait: with the record current at its time, or
  *       the first record within maxWait after it (waited = that version's time - its time), or
- *       missing (waited = maxWait). Until then it waits, under the key's timer; the orders
+ *       missing (waited = maxWait). Until then it waits, under the key's timers; the orders
  *       waiting on a key are looked at again when the key has new versions (one may make an
- *       order due) and when its timer is due.</li>
+ *       order due) and when the least due time of them has come.</li>
  *   <li>At the end of every batch, each key holds no version older than watermark -
  *       allowedLateness - maxWait but the newest of them (still current there), and that one
  *       only if it is a record: pruned in the key's call when it has input, else by its timer.
@@ -139,7 +139,7 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
   public scala.collection.Iterator<Row> handleInputRows(Long key, scala.collection.Iterator<Row> rows,
                                                         TimerValues timerValues) {
     long watermark = Math.max(0L, timerValues.getCurrentWatermarkInMs());
-    KeyCall call = new KeyCall(null);
+    KeyCall call = new KeyCall(watermark);
     Rows.Split split = Rows.split(rows, row -> columns.roleOf(row).part);
     List<Row> out = split.passed;
     split.changes.sort(Rows.readOrder(columns.order));  // of one time and one record, the first read is the one kept
@@ -167,12 +167,7 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
         waits.add(judged);
       }
     }
-    // Orders already waiting may be due now that the key has new versions, or by the key's timer
-    // (which finish may replace), and must be decided before the history is pruned (the model
-    // decides them in the same batch). Otherwise they are left unread.
-    if (call.head.waiting > 0 && (added || call.timerDue(watermark) || call.history.prunable(pruneHorizon(watermark)))) {
-      call.decideWaiting(watermark, out);
-    }
+    call.decideWaitingIfDue(added, watermark, out);
     call.addWaiting(waits, watermark);
     call.finish(watermark);
     return CollectionConverters.asScala(out.iterator());
@@ -183,10 +178,8 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
                                                            ExpiredTimerInfo expiredTimerInfo) {
     long watermark = Math.max(0L, timerValues.getCurrentWatermarkInMs());
     List<Row> out = new ArrayList<>();
-    KeyCall call = new KeyCall(expiredTimerInfo.getExpiryTimeInMs());
-    if (call.head.waiting > 0) {
-      call.decideWaiting(watermark, out);
-    }
+    KeyCall call = new KeyCall(watermark);  // the firing timer is spent: Spark removes it
+    call.decideWaitingIfDue(false, watermark, out);
     call.finish(watermark);
     return CollectionConverters.asScala(out.iterator());
   }
@@ -200,25 +193,26 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
     final KeyHistory history;
     boolean headChanged;
 
-    /** {@code firing}: the timer Spark is firing in this call (it removes it itself), or null. */
-    KeyCall(Long firing) {
-      this.head = VersionHead.read(headState.get(), headLayout);
+    KeyCall(long watermark) {
+      this.head = VersionHead.read(headState.get(), headLayout, watermark);
       this.history = new KeyHistory(version, head, versions);
-      if (firing != null && firing.equals(head.timerMs)) {
-        head.timerMs = null;
-        headChanged = true;
-      }
     }
 
-    /** Whether the key's timer is due at {@code watermark} (Spark fires it in this batch). */
-    boolean timerDue(long watermark) {
-      return head.timerMs != null && head.timerMs <= watermark;
+    /**
+     * Orders already waiting may be due now that the key has new versions ({@code added}), or
+     * by their due time, and must be decided before the history is pruned (the model decides
+     * them in the same batch). Otherwise they are left unread.
+     */
+    void decideWaitingIfDue(boolean added, long watermark, List<Row> out) {
+      if (head.waiting > 0 && (added || head.dueMs <= watermark || history.prunable(pruneHorizon(watermark)))) {
+        decideWaiting(watermark, out);
+      }
     }
 
     /** Decide the waiting orders that are due (adding them to {@code out}); keep the others. */
     void decideWaiting(long watermark, List<Row> out) {
       List<Row> kept = new ArrayList<>();
-      for (Row row : Rows.load(waiting)) {
+      for (Row row : KeyHistory.loadHeld(waiting)) {  // head.waiting > 0: the list exists
         if (!decideIfDue(row, this, watermark, out)) {
           kept.add(row);
         }
@@ -244,7 +238,7 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
       }
     }
 
-    /** Prune the history if the watermark allows, store what changed, and set the key's one timer. */
+    /** Prune the history if the watermark allows, store what changed, and place the key's timers. */
     void finish(long watermark) {
       long horizon = pruneHorizon(watermark);
       if (history.prunable(horizon)) {
@@ -252,24 +246,10 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
       }
       history.store();
       headChanged |= history.headChanged;
-      Long wanted = null;
-      if (head.waiting > 0) {
-        // at watermark 0, at 1 as well: the orders are judged against the future horizon there
-        wanted = watermark <= 0 ? min(head.dueMs, 1L) : head.dueMs;
-      }
-      if (head.pruneAt != null) {  // when the horizon passes prune_at, something can go
-        wanted = min(wanted, head.pruneAt + allowedLatenessMs + maxWaitMs + 1);
-      }
-      if (!Objects.equals(wanted, head.timerMs)) {
-        if (head.timerMs != null) {
-          getHandle().deleteTimer(head.timerMs);
-        }
-        if (wanted != null) {
-          getHandle().registerTimer(wanted);
-        }
-        head.timerMs = wanted;
-        headChanged = true;
-      }
+      Long due = head.waiting > 0 ? head.dueMs : null;
+      // when the horizon passes prune_at, something can go
+      Long prune = head.pruneAt == null ? null : head.pruneAt + allowedLatenessMs + maxWaitMs + 1;
+      headChanged |= KeyTimers.place(head, due, prune, getHandle());
       if (head.isEmpty()) {
         if (head.existed) {
           headState.clear();
@@ -285,9 +265,13 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
     return watermark - allowedLatenessMs - maxWaitMs;
   }
 
-  /** The watermark at which a waiting order may be due: past its time, or past its time + maxWait once there. */
+  /**
+   * The watermark at which a waiting order may be due: past its time, or past its time + maxWait
+   * once there; at watermark 0, 1 at the latest (it is judged against the future horizon there).
+   */
   private long dueAt(long time, long watermark) {
-    return watermark <= time ? time + 1 : time + maxWaitMs + 1;
+    long due = watermark <= time ? time + 1 : time + maxWaitMs + 1;
+    return watermark <= 0 ? Math.min(due, 1L) : due;
   }
 
   private static Long min(Long a, Long b) {
