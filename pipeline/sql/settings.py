@@ -7,9 +7,10 @@ is refused with one line naming it. :func:`duration_ms` reads Flink's duration s
 
 ``table.exec.state.ttl`` (:func:`state_ttl_ms`) is Flink's idle-state retention, in processing
 time: ``'0'`` (Flink's default) keeps state for every key; a positive TTL drops a join side's row
-not written for the TTL (each side on its own) and a group not updated for the TTL (members and
-last result at once), sending nothing (README, "Conformance with Flink SQL"; the operators are
-pipeline/jvm/statefulstreams/UpsertJoin.java and GroupAggregate.java).
+not written for the TTL (each side on its own; a foreign-key join's referencing rows and
+referenced row each on its own too) and a group not updated for the TTL (members and last result
+at once), sending nothing (README, "Conformance with Flink SQL"; the operators are
+pipeline/jvm/statefulstreams/UpsertJoin.java, ForeignKeyJoin.java and GroupAggregate.java).
 """
 
 from __future__ import annotations
