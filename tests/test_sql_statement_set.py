@@ -9,7 +9,7 @@ import signal
 import duckdb
 import pytest
 
-from app.sql_queries import dead_letters, result_changes
+from app.sql_queries import dead_letters, list_pipelines, pipeline_totals, result_changes
 from factories import publish
 from pipeline.sql.script import build_pipeline
 from sqlhelp import SQL_DIR, Running, fresh_topics, latest_per_key, message, read_topic, result
@@ -79,7 +79,9 @@ def test_kill_9_in_the_middle_of_a_statement_set_loses_and_duplicates_nothing(se
     users = {f"u{i}": (f"A{i % 7}", f"n{i}" if i % 3 else None) for i in range(120)}
     first = PipelineProcess(settings, tmp_path / "first.log", *args)
     try:
-        publish(url, topics["users"], [user(uid, *value) for uid, value in list(users.items())[:40]])
+        # account Z's users go after the crash (its count's tombstone); u-bad is one dead letter, once
+        publish(url, topics["users"], [user(uid, *value) for uid, value in list(users.items())[:40]]
+                + [user("z1", "Z", "zed"), user("z2", "Z"), user("u-bad", "A0", "bad", id_="nine")])
         wait_for(lambda: len(first.result(settings, "set9", NAMED)) > 0, 180, what="the set's first commit")
         # more work in flight, then kill -9 while the set's batches run
         publish(url, topics["users"], [user(uid, *value) for uid, value in list(users.items())[40:80]])
@@ -90,7 +92,8 @@ def test_kill_9_in_the_middle_of_a_statement_set_loses_and_duplicates_nothing(se
     moved = {f"u{i}": ("B", f"m{i}") for i in range(0, 120, 5)}
     deleted = [f"u{i}" for i in range(1, 120, 11)]
     publish(url, topics["users"], [user(uid, *value) for uid, value in list(users.items())[80:]]
-            + [user(uid, *value) for uid, value in moved.items()] + [message(uid, None) for uid in deleted])
+            + [user(uid, *value) for uid, value in moved.items()] + [message(uid, None) for uid in deleted]
+            + [message("z1", None), message("z2", None)])
     users.update(moved)
     for uid in deleted:
         users.pop(uid)
@@ -107,9 +110,17 @@ def test_kill_9_in_the_middle_of_a_statement_set_loses_and_duplicates_nothing(se
     finally:
         assert second.stop() in (0, -signal.SIGTERM)
     # the upsert topics' final changelog: every key's last message is its row, no key left over
-    assert latest_per_key(read_topic(url, topics["user_count_by_account"])) == expected_counts
+    on_counts = read_topic(url, topics["user_count_by_account"])
+    assert latest_per_key(on_counts) == expected_counts
+    assert ("Z", "") in on_counts  # the emptied account's tombstone
     assert latest_per_key(read_topic(url, topics["user_names"])) == expected_named
     with duckdb.connect() as con:
         for sink in (COUNTS, NAMED):
             changes = result_changes(con, settings.data_dir, "set9", sink)
             assert not changes.duplicated(["_key", "_batch_id"]).any(), sink  # each committed batch once
+        dead = dead_letters(con, settings.data_dir, "set9")
+        totals = pipeline_totals(con, settings.data_dir, "set9")
+    assert [(d["key"], d["error"]) for d in dead.to_dict("records")] == [
+        ("u-bad", "table 'users' column 'id': expected INT, got string \"nine\"")]
+    assert totals["dead_letters"] <= 1  # progress rows are appended after a commit: kill -9 may cost one
+    assert [p["name"] for p in list_pipelines(settings.data_dir)] == ["set9"]
