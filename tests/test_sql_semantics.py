@@ -336,7 +336,8 @@ def check_changelog(case: Case, settings_factory, broker, spark) -> None:
 
             on_topic = wait_for(arrived, 180 if step == 0 else 90, what=f"{case.name} step {step}")
             ends = cuts[1:-1] + [len(on_topic)]  # the last step's takes any entry after it too
-            assert [e for start, end in zip(cuts, ends) for e in sorted(on_topic[start:end])] == expected, f"step {step}"
+            in_steps = [entry for start, end in zip(cuts, ends) for entry in sorted(on_topic[start:end])]
+            assert in_steps == expected, f"step {step}"
         current = running.result(settings, case.name)
     table = latest_per_key(expected)
     key = case.target.split()[0]
