@@ -69,7 +69,8 @@ apache-pulsar: $(STAMP)
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq maven >/dev/null; }
 	@$(PY) -m pipeline.feed.apache_broker fetch >/dev/null
 
-# Three pytest sessions, the Apache Pulsar tier beside the other two (tests/tiers.py).
+# Four pytest sessions in three lanes side by side: the job's services tests, the SQL pipelines'
+# then the fast tier, and the Apache Pulsar tier (tests/tiers.py).
 test: setup apache-pulsar
 	$(PY) -m tests.tiers
 

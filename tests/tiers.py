@@ -1,11 +1,15 @@
-"""`make test`: the whole suite as three pytest sessions, the Apache Pulsar tier beside the others.
+"""`make test`: the whole suite as four pytest sessions in three lanes that run at the same time.
 
-The `apache` tier (tests/test_apache_pulsar.py, about 5 minutes) spends most of its time waiting
-on Apache Pulsar's JVM, so it runs in its own session at the same time as the fast tier (every
-test that starts no broker and no Spark, one worker) and then the services tier (pulsar-lite,
-the SparkSession, the job and the console). Each session still has one broker and one
-SparkSession; the three marker expressions below cover every test exactly once. The apache
-tier's output is kept in a file and printed when it ends, so the two never interleave.
+Most of a services test's time is spent waiting (a job's JVM starting, a trigger, a broker), so on
+two cores the suite finishes sooner as sessions side by side than as one:
+
+    lane 1: services   the job, the console and the broker (pulsar-lite and the SparkSession)
+    lane 2: sql        the SQL pipelines' services tests, then fast (no broker, no Spark)
+    lane 3: apache     against Apache Pulsar's JVM (tests/test_apache_pulsar.py)
+
+Each session still has one broker and one SparkSession of its own; the marker expressions and the
+split of the services tests by file cover every test exactly once. Lane 1 prints as it goes; the
+other lanes' output is kept in files and printed, a lane at a time, when they end.
 
     python -m tests.tiers [extra pytest arguments]
 
@@ -17,39 +21,57 @@ from __future__ import annotations
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-APACHE = "apache"
 FAST = "not e2e and not services and not browser and not apache"
 SERVICES = f"not apache and not ({FAST})"
+SQL_FILES = "tests/test_sql_*.py"  # the SQL pipelines' tests: lane 2 runs their services tests
+TIERS = {  # name: pytest arguments
+    "services": ["-m", SERVICES, f"--ignore-glob={SQL_FILES}"],
+    "sql": ["-m", SERVICES, *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob(SQL_FILES))],
+    "fast": ["-m", FAST],
+    "apache": ["-m", "apache"],
+}
+LANES = (("services",), ("sql", "fast"), ("apache",))
 
 
-def pytest(marker: str, extra: list[str], **popen) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-m", marker, *extra], cwd=ROOT, **popen)
+def run_lane(tiers: tuple[str, ...], extra: list[str], codes: dict, out) -> None:
+    for tier in tiers:
+        if out is not None:
+            out.write(f"\n===== the {tier} tier =====\n")
+            out.flush()
+        started = time.monotonic()
+        codes[tier] = subprocess.call([sys.executable, "-m", "pytest", "-q", *TIERS[tier], *extra], cwd=ROOT,
+                                      stdout=out, stderr=subprocess.STDOUT if out is not None else None)
+        if out is not None:
+            out.write(f"({tier}: {time.monotonic() - started:.0f} s)\n")
+            out.flush()
 
 
 def main(extra: list[str]) -> int:
-    started = time.monotonic()
-    with tempfile.TemporaryFile(mode="w+") as apache_log:
-        apache = pytest(APACHE, extra, stdout=apache_log, stderr=subprocess.STDOUT)
-        try:
-            codes = {"fast": pytest(FAST, extra).wait()}
-            codes["services"] = pytest(SERVICES, extra).wait()
-            codes[APACHE] = apache.wait()
-        finally:
-            if apache.poll() is None:  # interrupted: the apache tier stops with us
-                apache.terminate()
-                apache.wait(timeout=60)
-        apache_log.seek(0)
-        print(f"\n===== the {APACHE} tier (ran beside the others) =====", flush=True)
-        sys.stdout.write(apache_log.read())
+    started, codes = time.monotonic(), {}
+    logs = [None] + [tempfile.TemporaryFile(mode="w+") for _ in LANES[1:]]
+    lanes = [threading.Thread(target=run_lane, args=(tiers, extra, codes, log), daemon=True)
+             for tiers, log in zip(LANES, logs)]
+    try:
+        for lane in lanes:
+            lane.start()
+        for lane in lanes:
+            lane.join()
+        for log in logs[1:]:
+            log.seek(0)
+            sys.stdout.write(log.read())
+    finally:
+        for log in logs[1:]:
+            log.close()
     # pytest's 5 is "no tests collected": a tier a -k filter emptied is not a failure
     failed = {tier: code for tier, code in codes.items() if code not in (0, 5)}
-    print(f"\ntiers: {', '.join(f'{tier} exit {code}' for tier, code in codes.items())}; "
+    print(f"\ntiers: {', '.join(f'{tier} exit {codes.get(tier)}' for tier in TIERS)}; "
           f"{time.monotonic() - started:.0f} s in all", flush=True)
-    return 1 if failed else 0
+    return 1 if failed or len(codes) < len(TIERS) else 0
 
 
 if __name__ == "__main__":
