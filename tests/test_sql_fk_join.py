@@ -219,6 +219,22 @@ CASES += [
              ((planned("A", "Acme", "P1"),), (("u2", row(uid="u2", accountId="A", account="Acme", tier="free 2")),)),
          ),
          joined=PLANS),
+    Case("group_by_over_a_chain_of_foreign_keys",
+         "uid STRING, accountId STRING",
+         "tier STRING, users BIGINT",
+         "INSERT INTO out SELECT COALESCE(p.tier, 'none'), COUNT(*) FROM users u LEFT JOIN accounts a "
+         "ON u.accountId = a.id LEFT JOIN plans p ON a.planId = p.id GROUP BY COALESCE(p.tier, 'none')",
+         (
+             ((user("u1", "A"), user("u2", "A"), user("u3", "B"), planned("A", "Acme", "P1"),
+               planned("B", "Beta", "P2"), plan_of("P1", "free")),
+              (("free", row(tier="free", users=2)), ("none", row(tier="none", users=1)))),
+             ((plan_of("P2", "pro"),), (("none", ""), ("pro", row(tier="pro", users=1)))),
+             # the middle table's foreign key moves: its users move between groups
+             ((planned("A", "Acme", "P2"),), (("free", ""), ("pro", row(tier="pro", users=3)))),
+             ((account("B", None),), (("none", row(tier="none", users=1)), ("pro", row(tier="pro", users=2)))),
+             ((("u1", None),), (("pro", row(tier="pro", users=1)),)),
+         ),
+         joined=PLANS),
 ]
 
 
