@@ -72,9 +72,9 @@ KEYS: tuple[Key, ...] = (
         "(both this and sinks.compact_after_batches 0: never)"),
     Key("sinks.compact_after_batches", 100, setting_values.int_at_least(0),
         "Compact (and vacuum) as soon as this many batches have committed since the last round; 0 = by time only"),
-    Key("sinks.vacuum_retention", "168h", setting_values.parse_duration,
-        "How long vacuum keeps files that compaction or a restore replaced (whole hours; at least "
-        "back to the oldest savepoint)"),
+    Key("sinks.vacuum_retention", "1h", setting_values.parse_duration,
+        "How long vacuum keeps files that compaction or a restore replaced (whole hours); a savepoint's "
+        "files stay while it exists"),
     Key("metrics.retention", "168h", setting_values.parse_duration,
         "How long the running job keeps metrics day files (whole days; today's and yesterday's always stay)"),
     Key("enrichment.max_wait", "10s", setting_values.parse_duration, "How long an order waits for its user/item; 0 = no buffering"),

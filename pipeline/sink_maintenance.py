@@ -18,7 +18,13 @@ changed since the last one, not the table's history:
 - **The log** (``_delta_log/``, one JSON per commit) keeps :data:`LOG_RETENTION_MIN_S` of commits,
   or back to the oldest savepoint (a restore reads its version's commit): at four commits a
   second that is ~2,400 files, where an hour kept ~14,000 (120 MB per sink).
-- **Vacuum** removes the files no version within the retention needs.
+- **Vacuum** removes the files that no version within the retention and no savepoint needs: each
+  savepoint records its sinks' Delta versions when taken, and vacuum keeps those versions' files
+  (``keep_versions``), so the retention need not reach back to a savepoint days old. Each
+  checkpoint of the log carries a tombstone per file replaced within the retention: at a 1 s
+  trigger a week's retention was ~600,000 per sink, in every checkpoint a reader loads. Vacuum
+  lists the table's folder (``full``), so it also removes what a killed batch or optimize wrote
+  and no commit names, and a savepoint's files once the savepoint is gone.
 
 Safe while batches commit (Delta's optimistic concurrency; a batch's commit that meets a round's
 commit is tried again, pipeline/sinks.py) and after a kill at any point: files a killed optimize
@@ -78,10 +84,11 @@ def compact_table(table, small_bytes: int = SMALL_FILE_BYTES, target_bytes: int 
 
 
 def maintain_table(path: Path, compact: bool = True, retention_s: float | None = None,
-                   log_retention_s: float | None = None) -> dict | None:
+                   log_retention_s: float | None = None, keep_versions: list[int] | None = None) -> dict | None:
     """One round on the table at ``path`` (None without a table): compact (:func:`compact_table`),
-    then, with ``retention_s``, vacuum what no version within it needs, and keep the log
-    ``log_retention_s`` (default ``retention_s``; at least :data:`LOG_RETENTION_MIN_S`)."""
+    then, with ``retention_s``, vacuum what no version within it and none of ``keep_versions``
+    needs, and keep the log ``log_retention_s`` (default ``retention_s``; at least
+    :data:`LOG_RETENTION_MIN_S`)."""
     from pipeline.sinks import open_table
 
     path = Path(path)
@@ -94,16 +101,23 @@ def maintain_table(path: Path, compact: bool = True, retention_s: float | None =
     if retention_s is not None:
         hours = max(0, math.ceil(retention_s / 3600))
         table = open_table(path)
-        # vacuum lists every file the log still remembers as removed, those an earlier round
-        # deleted too: only the ones still on disk are this round's
-        removed = table.vacuum(retention_hours=hours, dry_run=True, enforce_retention_duration=False)
-        present = [name for name in removed if (path / name).exists()]
-        table.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False)
-        facts["files_vacuumed"] = len(present)
+        vacuumed = set()
+        # First the files the log remembers as replaced; then the folder listed (full), for the
+        # files no commit names: what a killed batch or optimize wrote, and a deleted savepoint's
+        # once their tombstones expired. Never those under an hour old: a batch's files are
+        # written before its commit names them.
+        for full, older_than_hours in ((False, hours), (True, max(1, hours))):
+            options = {"retention_hours": older_than_hours, "enforce_retention_duration": False, "full": full,
+                       "keep_versions": sorted(set(keep_versions)) if keep_versions else None}
+            # vacuum lists every file the log still remembers as removed, those an earlier round
+            # deleted too: only the ones still on disk are this round's
+            vacuumed.update(name for name in table.vacuum(dry_run=True, **options) if (path / name).exists())
+            table.vacuum(dry_run=False, **options)
+            table = open_table(path)
+        facts["files_vacuumed"] = len(vacuumed)
         # One JSON per commit would otherwise pile up for Delta's default 30 days, and each
         # checkpoint would carry a tombstone per replaced file for Delta's default week; the
         # checkpoint keeps the transaction versions.
-        table = open_table(path)
         wanted_log_s = retention_s if log_retention_s is None else log_retention_s
         log_minutes = math.ceil(max(LOG_RETENTION_MIN_S, wanted_log_s) / 60)
         # This round is the log's only cleaner: a writer's commit that writes a checkpoint would
@@ -133,16 +147,29 @@ def _clean_up_log(table) -> None:
         log.info("a log file was cleaned up by another writer meanwhile: %s", str(exc).splitlines()[0])
 
 
-def oldest_savepoint_age_s(data_dir: Path, now_s: float | None = None) -> float | None:
-    """Seconds since the oldest savepoint was taken (None without savepoints); read from the
-    savepoints' own ``savepoint.json``, as pipeline/control/savepoints.py writes it."""
+def _savepoint_files(data_dir: Path) -> list[dict]:
+    """Each savepoint's ``savepoint.json`` under ``data_dir`` (one unreadable is skipped)."""
     root = store.savepoints_dir(data_dir)
-    taken = []
+    found = []
     for meta in root.glob("*/savepoint.json") if root.is_dir() else []:
         try:
-            stamp = json.loads(meta.read_text())["taken_at"]
-            taken.append(datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp())
-        except (OSError, ValueError, KeyError, TypeError):
+            found.append(json.loads(meta.read_text()))
+        except (OSError, ValueError):
+            continue
+    return [meta for meta in found if isinstance(meta, dict)]
+
+
+def oldest_savepoint_age_s(data_dir: Path, now_s: float | None = None, without_versions: bool = False) -> float | None:
+    """Seconds since the oldest savepoint was taken (None without savepoints); read from the
+    savepoints' own ``savepoint.json``, as pipeline/control/savepoints.py writes it. With
+    ``without_versions``, only those that do not record their sinks' versions (taken before they did)."""
+    taken = []
+    for meta in _savepoint_files(data_dir):
+        if without_versions and "sink_versions" in meta:
+            continue
+        try:
+            taken.append(datetime.fromisoformat(meta["taken_at"].replace("Z", "+00:00")).timestamp())
+        except (AttributeError, ValueError, KeyError, TypeError):
             continue
     if not taken:
         return None
@@ -151,9 +178,35 @@ def oldest_savepoint_age_s(data_dir: Path, now_s: float | None = None) -> float 
 
 def vacuum_retention_s(data_dir: Path, configured_s: float, now_s: float | None = None) -> float:
     """The retention a vacuum uses: the configured one, or longer, back to the oldest savepoint
-    (plus an hour: vacuum counts whole hours), so every savepoint stays restorable."""
-    age = oldest_savepoint_age_s(data_dir, now_s)
+    that does not record its sinks' versions (plus an hour: vacuum counts whole hours), so every
+    savepoint stays restorable; one that records them is kept by :func:`savepoint_versions`."""
+    age = oldest_savepoint_age_s(data_dir, now_s, without_versions=True)
     return configured_s if age is None else max(configured_s, age + 3600)
+
+
+def versions_for_batch(paths: dict[str, Path], batch_id: int) -> dict[str, int]:
+    """Each table's Delta version holding the batches up to ``batch_id`` (one with none is left
+    out): what a savepoint at ``batch_id`` restores to, recorded when it is taken."""
+    from pipeline.sinks import open_table, version_for_batch
+
+    versions = {}
+    for name, path in paths.items():
+        table = open_table(path)
+        version = None if table is None else version_for_batch(table, batch_id)
+        if version is not None:
+            versions[name] = version
+    return versions
+
+
+def savepoint_versions(data_dir: Path) -> dict[str, list[int]]:
+    """Per sink, the Delta versions the savepoints under ``data_dir`` restore to (from each
+    ``savepoint.json``'s ``sink_versions``, as pipeline/control/savepoints.py writes it)."""
+    kept: dict[str, set[int]] = {}
+    for meta in _savepoint_files(data_dir):
+        for sink, version in (meta.get("sink_versions") or {}).items():
+            if isinstance(version, int):
+                kept.setdefault(sink, set()).add(version)
+    return {sink: sorted(versions) for sink, versions in kept.items()}
 
 
 def log_retention_s(data_dir: Path, now_s: float | None = None) -> float:
@@ -228,7 +281,8 @@ class SinkMaintenance:
         retention = vacuum_retention_s(self.data_dir, self.retention_s)
         try:  # the log only as far back as a savepoint needs it (or LOG_RETENTION_MIN_S)
             done = self.writer.maintain(compact=True, retention_s=retention,
-                                        log_retention_s=log_retention_s(self.data_dir))
+                                        log_retention_s=log_retention_s(self.data_dir),
+                                        keep_versions=savepoint_versions(self.data_dir))
         except Exception as exc:  # never fatal: the batches go on, the next round tries again
             log.warning("sink compaction or vacuum failed (the next round tries again): %s", exc)
             if self.record:

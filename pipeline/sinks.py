@@ -345,13 +345,13 @@ class DeltaSinks:
         return self.rollback(last_committed)
 
     def maintain(self, compact: bool = True, retention_s: float | None = None,
-                 log_retention_s: float | None = None) -> dict[str, dict]:
-        """One maintenance round on each table (pipeline/sink_maintenance.py: compaction of
-        the small files, vacuum with ``retention_s`` (None: none), the log kept
-        ``log_retention_s``). Safe while batches commit, and after a kill at any point."""
+                 log_retention_s: float | None = None, keep_versions: dict[str, list[int]] | None = None) -> dict[str, dict]:
+        """One round on each table (pipeline/sink_maintenance.py :func:`maintain_table`, each
+        with its sink's ``keep_versions``). Safe while batches commit, and after a kill at any point."""
         from pipeline.sink_maintenance import maintain_table
 
-        done = {name: maintain_table(path, compact=compact, retention_s=retention_s, log_retention_s=log_retention_s)
+        done = {name: maintain_table(path, compact=compact, retention_s=retention_s, log_retention_s=log_retention_s,
+                                     keep_versions=(keep_versions or {}).get(name))
                 for name, path in self.paths.items()}
         return {name: facts for name, facts in done.items() if facts is not None}  # None: no table yet
 

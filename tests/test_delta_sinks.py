@@ -140,6 +140,16 @@ def test_vacuum_keeps_what_the_oldest_savepoint_needs(tmp_path):
     assert sinks.oldest_savepoint_age_s(tmp_path, now) == 2 * 86400
     assert sinks.vacuum_retention_s(tmp_path, 3600, now) == 2 * 86400 + 3600  # back to the oldest, and an hour
     assert sinks.vacuum_retention_s(tmp_path, 7 * 86400, now) == 7 * 86400
+    # one that records its sinks' versions is kept by version, not by stretching the retention
+    folder = store.savepoints_dir(tmp_path) / "versioned"
+    folder.mkdir()
+    (folder / "savepoint.json").write_text(json.dumps({"name": "versioned", "batch_id": 2, "sink_versions":
+                                                       {"enriched": 4, "dead_letter": 1},
+                                                       "taken_at": "2027-01-01T08:00:00.000Z"}))
+    assert sinks.vacuum_retention_s(tmp_path, 3600, now) == 2 * 86400 + 3600  # still the older one's
+    assert sinks.oldest_savepoint_age_s(tmp_path, now) == 14 * 86400  # the log goes back to it
+    from pipeline.sink_maintenance import savepoint_versions
+    assert savepoint_versions(tmp_path) == {"enriched": [4], "dead_letter": [1]}
 
 
 def test_the_schedule_records_each_round(tmp_path):

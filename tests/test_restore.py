@@ -139,6 +139,34 @@ def test_restore_refuses_a_savepoint_older_than_what_vacuum_kept(crashed_job):
     assert published(crashed_job) == [0, 1, 2, 3, 4, 5, 6]
 
 
+def test_vacuum_keeps_a_savepoints_sink_versions_until_the_savepoint_is_deleted(crashed_job):
+    """A savepoint records its sinks' versions, and vacuum keeps their files whatever its
+    retention: with 0 h, compaction's replaced files go, except those of the savepoint's batch 5,
+    which a restore then brings back row for row. Once it is deleted, the next round removes them."""
+    from pipeline.sink_maintenance import SinkMaintenance
+
+    settings = make_settings(crashed_job)
+    shutil.rmtree(store.savepoints_dir(crashed_job) / "at3")  # taken before savepoints recorded versions
+    taken = control.take_savepoint(settings, "kept")
+    meta = json.loads((taken.path / "savepoint.json").read_text())
+    assert taken.batch_id == 5 and set(meta["sink_versions"]) == {"dead_letter"}
+    folder = store.sink_dir(crashed_job, "dead_letter")
+
+    def data_files() -> int:
+        return sum(1 for _ in folder.glob("*.parquet"))
+
+    maintenance = SinkMaintenance(SinkWriter(crashed_job), crashed_job, interval_s=0, retention_s=0)
+    done = maintenance.run_once()
+    assert done["dead_letter"]["files_removed"] == 7 and done["dead_letter"]["files_vacuumed"] == 1  # batch 6's file
+    assert data_files() == 7  # the compacted file, and batches 0-5's files that version holds
+    control.restore_savepoint(settings, "kept")
+    assert published(crashed_job) == [0, 1, 2, 3, 4, 5]
+    shutil.rmtree(taken.path)
+    maintenance.run_once()
+    assert data_files() == 1  # the restore's own file set, compacted; the rest vacuumed
+    assert published(crashed_job) == [0, 1, 2, 3, 4, 5]
+
+
 # ------------------------------------------------------------------ kill -9 at every step
 
 

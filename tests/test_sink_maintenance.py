@@ -151,3 +151,22 @@ def test_the_round_is_the_logs_only_cleaner(tmp_path):
     writer.maintain(compact=False, retention_s=0, log_retention_s=0)
     # the round cleaned them, back to its first checkpoint (the newest older than the cutoff)
     assert not any(entry.exists() for entry in old[:10])
+
+
+def test_vacuum_removes_files_no_commit_names_once_they_are_an_hour_old(tmp_path):
+    """What a killed batch or optimize wrote is in no commit, so the log never lists it as
+    removed: the round's second vacuum lists the folder. A file under an hour old stays, as a
+    batch's files are written before its commit names them."""
+    writer = sinks.SinkWriter(tmp_path)
+    path = store.sink_dir(tmp_path, "dead_letter")
+    for batch in range(3):
+        writer.commit_batch(dead_letters(batch), batch)
+    stale, fresh = path / "part-00000-killed-c000.zstd.parquet", path / "part-00000-in-flight-c000.zstd.parquet"
+    for orphan in (stale, fresh):
+        orphan.write_bytes((next(path.glob("part-*.parquet"))).read_bytes())
+    two_hours_ago = time.time() - 7200
+    os.utime(stale, (two_hours_ago, two_hours_ago))
+    done = writer.maintain(compact=False, retention_s=0)
+    assert done["dead_letter"]["files_vacuumed"] == 1
+    assert not stale.exists() and fresh.exists()
+    assert sorted(row["batch_id"] for row in sinkread.rows(tmp_path, "dead_letter", "batch_id")) == [0, 0, 1, 1, 2, 2]

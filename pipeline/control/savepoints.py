@@ -6,9 +6,10 @@
 - **Restore** puts a savepoint back as the checkpoint of a stopped job (it holds the job lock).
   It takes each sink (a Delta table) back to batch N, in one Delta restore commit whose
   transaction version is N, so the batches after N, which the job produces again, commit once.
-  A savepoint older than what the sinks' vacuum kept is refused in one line, before anything changes. A crash at any
-  point leaves either the old or the new checkpoint: the copy is swapped in with one rename,
-  and a journal lets the next restore or job start finish (or undo) a restore cut short.
+  Vacuum keeps the sink versions a savepoint records; one whose files are gone all the same is
+  refused in one line, before anything changes. A crash at any point leaves either the old or
+  the new checkpoint: the copy is swapped in with one rename, and a journal lets the next
+  restore or job start finish (or undo) a restore cut short.
 - A restore warns when the savepoint is older than the orders topic's retention (where the
   admin API tells it): the orders it would re-read may be gone.
 - A restore that went back to batch N rewrote the sinks after N, so a savepoint taken before
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pipeline import store
+from pipeline import sink_maintenance, store
 from pipeline.config import Settings, pulsar_admin_headers
 from pipeline.errors import ControlError, SinkError
 from pipeline.control.lock import acquire_job_lock, file_lock
@@ -91,8 +92,6 @@ def take_savepoint(settings: Settings, name: str | None = None) -> SavepointInfo
     name = check_name(name or datetime.now(timezone.utc).strftime("sp-%Y%m%d-%H%M%S"))
     checkpoint = store.checkpoint_dir(settings.data_dir)
     target = store.savepoints_dir(settings.data_dir) / name
-    if target.exists():
-        raise ControlError(f"savepoint {name!r} already exists; choose another name")
     tmp = target.with_name(f".{name}.tmp")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -140,7 +139,9 @@ def _write_savepoint(settings: Settings, checkpoint: Path, tmp: Path, target: Pa
                                        "try again") from None
         size = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
         info = {"name": name, "batch_id": batch_id, "taken_at": iso(now_ms()), "size_bytes": size}
-        (tmp / "savepoint.json").write_text(json.dumps({**info, "restores_before": len(read_restores(settings))}))
+        versions = sink_maintenance.versions_for_batch(SinkWriter(settings.data_dir).paths, batch_id)  # vacuum keeps them
+        (tmp / "savepoint.json").write_text(json.dumps({**info, "restores_before": len(read_restores(settings)),
+                                                        "sink_versions": versions}))
         os.rename(tmp, target)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
