@@ -15,6 +15,7 @@ import logging
 import queue
 import threading
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -73,7 +74,7 @@ class JobListener(ProgressListener):
             self._record_replays(row)
             self._record_order_share(row)
             try:
-                self._tasks.put_nowait((batch_id, row["ts_ms"]))
+                self._tasks.put_nowait((progress.get("runId", ""), batch_id, row["ts_ms"]))
             except queue.Full:
                 pass
             if self.on_batch:
@@ -111,13 +112,13 @@ class JobListener(ProgressListener):
     def _fetch_tasks_forever(self, ui_url: str, app_id: str) -> None:
         base = f"{ui_url}/api/v1/applications/{app_id}"
         while True:
-            batch_id, ts_ms = self._tasks.get()
+            run_id, batch_id, ts_ms = self._tasks.get()
             # The UI's status store trails the batch (it is fed by Spark's own listener bus), so
             # right after a batch its stages may still show as running: ask again for a while.
             deadline = time.monotonic() + TASKS_WAIT_S
             while True:
                 try:
-                    stages, settled = _batch_stages(base, batch_id)
+                    stages, settled = batch_stages(lambda path: _get_json(base + path), run_id, batch_id)
                 except Exception as exc:  # the UI may be off or busy; task rows are best effort per batch
                     log.info("no task metrics for batch %s: %s", batch_id, exc)
                     break
@@ -128,13 +129,23 @@ class JobListener(ProgressListener):
                 time.sleep(0.25)
 
 
-def _batch_stages(base: str, batch_id: int) -> tuple[list[dict], bool]:
-    """The completed stages of one batch's jobs, and whether every one of its stages is done."""
-    marker = f"batch = {batch_id}"
-    jobs = [job for job in _get_json(f"{base}/jobs") if marker in (job.get("description") or "").split("\n")]
+def batch_stages(get_json, run_id: str, batch_id: int) -> tuple[list[dict], bool]:
+    """The completed stages of one batch's jobs, and whether every one of its stages is done.
+
+    A job belongs to the batch when its description names this query run and the batch: batch ids
+    repeat across queries and runs in one SparkSession. A stage the UI no longer holds (it keeps
+    fewer stages than jobs: ``UI_RETENTION_CONF``) is skipped, not an error for the whole batch.
+    """
+    wanted = {f"runId = {run_id}", f"batch = {batch_id}"}
+    jobs = [job for job in get_json("/jobs") if wanted <= set((job.get("description") or "").split("\n"))]
     stages, settled = [], bool(jobs) and all(job.get("status") != "RUNNING" for job in jobs)
     for stage_id in sorted({s for job in jobs for s in job.get("stageIds", [])}):
-        attempts = _get_json(f"{base}/stages/{stage_id}?details=true")
+        try:
+            attempts = get_json(f"/stages/{stage_id}?details=true")
+        except urllib.error.HTTPError as exc:
+            if exc.code != 404:
+                raise
+            continue
         done = [a for a in attempts if a.get("status") == "COMPLETE"]
         stages.extend(done)
         # A stage Spark skipped (its shuffle output was reused) never completes; only an active one counts.

@@ -1,11 +1,15 @@
-"""`make test`: the whole suite as four pytest sessions in three lanes that run at the same time.
+"""`make test`: the whole suite as five pytest sessions in three lanes that run at the same time.
 
 Most of a services test's time is spent waiting (a job's JVM starting, a trigger, a broker), so on
 two cores the suite finishes sooner as sessions side by side than as one:
 
     lane 1: services   the job, the console and the broker (pulsar-lite and the SparkSession)
     lane 2: sql        the SQL pipelines' services tests, then fast (no broker, no Spark)
-    lane 3: apache     against Apache Pulsar's JVM (tests/test_apache_pulsar.py)
+    lane 3: apache     against Apache Pulsar's JVM (tests/test_apache_pulsar.py), then
+            processes  the chaos and cluster tests, whose jobs run in processes of their own
+
+The lanes are balanced by the last CI run's times (services 1,156 s alone, against sql and fast
+about 800 and apache 456), so the longest lane sets the wall time.
 
 Each session still has one broker and one SparkSession of its own; the marker expressions and the
 split of the services tests by file cover every test exactly once. Lane 1 prints as it goes; the
@@ -29,13 +33,15 @@ ROOT = Path(__file__).resolve().parent.parent
 FAST = "not e2e and not services and not browser and not apache"
 SERVICES = f"not apache and not ({FAST})"
 SQL_FILES = "tests/test_sql_*.py"  # the SQL pipelines' tests: lane 2 runs their services tests
+PROCESS_FILES = ("tests/test_crash.py", "tests/test_cluster.py")  # lane 3 runs these after apache
 TIERS = {  # name: pytest arguments
-    "services": ["-m", SERVICES, f"--ignore-glob={SQL_FILES}"],
+    "services": ["-m", SERVICES, f"--ignore-glob={SQL_FILES}", *(f"--ignore={f}" for f in PROCESS_FILES)],
     "sql": ["-m", SERVICES, *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob(SQL_FILES))],
     "fast": ["-m", FAST],
     "apache": ["-m", "apache"],
+    "processes": ["-m", SERVICES, *PROCESS_FILES],
 }
-LANES = (("services",), ("sql", "fast"), ("apache",))
+LANES = (("services",), ("sql", "fast"), ("apache", "processes"))
 
 
 def run_lane(tiers: tuple[str, ...], extra: list[str], codes: dict, out) -> None:
