@@ -11,8 +11,8 @@ as Prometheus would). The users and items are published first and loaded by the 
   workers apart, and their PSS), the files and bytes of each sink (current table files, Parquet
   files on disk, the Delta log), of each metrics stream, of the checkpoint and of the broker,
   the newest batch (its id, duration and the orders backlog) and the load average; every
-  ``--live-heap-minutes`` also the job JVM's live heap after a full collection (jcmd), which its
-  RSS hides (bench/long_run_samples.py).
+  ``--live-heap-minutes`` also the job JVM's native memory (``--nmt``), its heap committed and its
+  live heap after a full collection (jcmd), which its RSS hides (bench/long_run_samples.py).
 - **At the start** (after ``--warmup-seconds``) **and at the end**: every console page with
   Streamlit's AppTest (cold, warm and cached, as bench/bench_console.py times them), the
   exporter's scrape time, and a DuckDB count over each sink.
@@ -50,7 +50,7 @@ sys.path[:0] = [str(ROOT)]
 
 from bench.common import (BenchError, alive, bench_topics, load_average, machine, now_utc, percentile,  # noqa: E402
                           wait_until, write_result)
-from bench.long_run_samples import sample  # noqa: E402
+from bench.long_run_samples import judge_jvm, sample  # noqa: E402
 from pipeline import store  # noqa: E402
 from pipeline.config import load_settings  # noqa: E402
 from pipeline.feed.broker import EmbeddedBroker, die_with_parent  # noqa: E402
@@ -64,6 +64,7 @@ PAGE_GROWTH = 2.0  # a page's warm time at the end over the start, at most
 # What must stay flat: the end over the start, at most this much more (or the absolute slack).
 MEMORY_GROWTH, MEMORY_SLACK_MB = 0.25, 100.0
 CHECKPOINT_GROWTH, CHECKPOINT_SLACK_MB = 0.5, 50.0
+NMT_OPTION = "-XX:NativeMemoryTracking=summary"  # a few MB and about 1% of the JVM's time (its own category)
 MEASURING = "bench (AppTest, scrapes)"  # this process: it times the pages, so it holds Streamlit
 
 
@@ -177,6 +178,7 @@ def judge(start: dict, end: dict, samples: list[dict], settings: dict, minutes: 
         bound = before + max(MEMORY_GROWTH * before, MEMORY_SLACK_MB)
         verdict["flat"][f"{name} (MB)"] = {"start": at_start, "from": before, "end": after, "bound": round(bound, 1),
                                            "ok": after <= bound}
+    verdict["flat"].update(judge_jvm(samples, MEMORY_GROWTH, MEMORY_SLACK_MB))  # the JVM's configured bound (issue 28)
     heaps = [(s["minute"], s["jvm_heap"]["live_mb"]) for s in samples[len(samples) // 4:] if s.get("jvm_heap", {}).get("live_mb")]
     if len(heaps) >= 2:  # the live set after a full collection, which the RSS hides (long_run_samples.live_heap)
         before, after = heaps[0][1], heaps[-1][1]
@@ -249,15 +251,12 @@ def table_rows(result: dict) -> list[tuple[str, str, str, str]]:
     if timed:
         page = max(timed, key=lambda p: timed[p]["end_slowest_s"])
         rows.append((f"{label}: slowest console page at the end (target 1.5 s)", f"{timed[page]['end_slowest_s']:.2f} s ({page}){load}",
-                     f"warm at the start {timed[page]['start_warm_s']:.2f} s", _ratio(timed[page]["warm_growth"])))
+                     f"warm at the start {timed[page]['start_warm_s']:.2f} s", "–" if timed[page]["warm_growth"] is None
+                     else f"{timed[page]['warm_growth']:.2f}"))
     bad = [name for name, entry in verdict["flat"].items() if not entry["ok"]]
     rows.append((f"{label}: what must stay flat (memory of each process, checkpoint, current sink files)",
                  "flat" if not bad else "GREW: " + ", ".join(bad), f"{len(verdict['flat'])} quantities", "–"))
     return rows
-
-
-def _ratio(value) -> str:
-    return "–" if value is None else f"{value:.2f}"
 
 
 # ---------------------------------------------------------------------------- the run
@@ -273,6 +272,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sample-seconds", type=float, default=30.0)
     parser.add_argument("--live-heap-minutes", type=float, default=5.0,
                         help="the job JVM's live heap (after a full collection) with a sample this often; 0: never")
+    parser.add_argument("--nmt", action=argparse.BooleanOptionalAction, default=True, help="run the job's JVM with "
+                        f"{NMT_OPTION} (its native memory by category with each heap sample; the verdict's JVM bound)")
     parser.add_argument("--scrape-seconds", type=float, default=15.0)
     parser.add_argument("--repeats", type=int, default=3, help="warm runs per page (the median is reported)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="another setting of the job")
@@ -280,6 +281,8 @@ def main(argv: list[str] | None = None) -> dict:
                         "must not replace the hour's figures)")
     args = parser.parse_args(argv)
     extra = dict(item.split("=", 1) for item in args.set)
+    if args.nmt:  # after any options given with --set
+        extra["spark.extra_java_options"] = " ".join(filter(None, (extra.get("spark.extra_java_options"), NMT_OPTION)))
     began_wall = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="bench-long-run-"))
     samples: list[dict] = []

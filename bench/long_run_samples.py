@@ -1,8 +1,10 @@
 """The long run's samples (bench/bench_long_run.py): each process's memory, the disk file by file
-where it matters, the newest batch, and the job's JVM heap after a full collection.
+where it matters, the newest batch, and the job's JVM: its native memory by category, its heap
+committed and used, and its heap after a full collection.
 
-Called on the benchmark's own process, every ``--sample-seconds`` (the heap every
+Called on the benchmark's own process, every ``--sample-seconds`` (the JVM every
 ``--live-heap-minutes``: a full collection is not free, so not every sample forces one).
+:func:`judge_jvm` holds the JVM's bound, derived from its configuration (issue 28).
 """
 
 from __future__ import annotations
@@ -64,24 +66,124 @@ def sample(began: float, procs: dict[str, int], job_pid: int, data_dir: Path, br
     """One sample; ``heap``: with the JVM heap's live set too (:func:`live_heap`)."""
     found = {"minute": round((time.monotonic() - began) / 60, 2), "load_average": load_average(),
              "memory": memory(procs, job_pid), "disk": disk(data_dir, broker_dir), "batch": newest_batch(data_dir)}
-    if heap:
+    if heap:  # native memory and the heap's committed size first: the full collection may shrink the heap
+        found["jvm_native"] = native_memory(job_pid)
         found["jvm_heap"] = live_heap(job_pid)
+    return found
+
+
+def _job_jvm(job_pid: int) -> int | None:
+    jvms = [pid for pid, cmdline in process_tree(job_pid).items() if pid != job_pid and _is_jvm(cmdline)]
+    return min(jvms) if jvms else None
+
+
+def _jcmd(jvm: int, *command: str) -> str:
+    return subprocess.run(["jcmd", str(jvm), *command], capture_output=True, text=True, timeout=120, check=True).stdout
+
+
+NMT_TOTAL = re.compile(r"Total: reserved=(\d+)KB, committed=(\d+)KB")
+NMT_MALLOC = re.compile(r"^\s+malloc: (\d+)KB", re.M)
+NMT_CATEGORY = re.compile(r"^-\s+(.+?) \(reserved=(\d+)KB, committed=(\d+)KB\)", re.M)
+HEAP_SPACE = re.compile(r"^ (?!Metaspace|class space)\S.*? total (\d+)K, used (\d+)K", re.M)  # a generation, or G1's heap
+
+
+def _kb_mb(kb: str | int) -> float:
+    return round(int(kb) * 1024 / 1e6, 1)  # jcmd's KB are KiB; the benchmark's MB are 10^6 bytes
+
+
+def parse_native_memory(text: str) -> dict:
+    """``jcmd VM.native_memory summary`` in MB: the total committed, its malloc part, the heap's
+    maximum (its reserved size: -Xmx) and each category's committed size."""
+    total, categories = NMT_TOTAL.search(text), NMT_CATEGORY.findall(text)
+    if not total:
+        return {"error": text.strip().splitlines()[-1][:200] if text.strip() else "no output"}
+    malloc = NMT_MALLOC.search(text)
+    reserved = {name: int(kb) for name, kb, _ in categories}
+    return {"committed_mb": _kb_mb(total.group(2)),
+            "malloc_mb": _kb_mb(malloc.group(1)) if malloc else None,
+            "heap_max_mb": _kb_mb(reserved.get("Java Heap", 0)),
+            "categories_mb": {name: _kb_mb(kb) for name, _, kb in categories}}
+
+
+def parse_heap_info(text: str) -> dict:
+    """``jcmd GC.heap_info`` in MB: the heap's committed size and what it uses (its generations summed)."""
+    spaces = HEAP_SPACE.findall(text)
+    return {"committed_mb": _kb_mb(sum(int(total) for total, _ in spaces)),
+            "used_mb": _kb_mb(sum(int(used) for _, used in spaces))} if spaces else {}
+
+
+def native_memory(job_pid: int) -> dict:
+    """The job's driver JVM as it is (no collection): its RSS, its native memory by category (when
+    it runs with ``-XX:NativeMemoryTracking=summary``), its heap committed and used, and the RSS
+    outside what the JVM tracks (``outside_nmt_mb``: RSS minus NMT's committed total; RocksDB's
+    block cache and memtables, and what glibc's malloc keeps of freed memory, are there)."""
+    jvm = _job_jvm(job_pid)
+    if jvm is None:
+        return {"error": "no JVM under the job"}
+    found: dict = {"rss_mb": round(rss_bytes(jvm) / 1e6, 1)}
+    try:
+        found["heap"] = parse_heap_info(_jcmd(jvm, "GC.heap_info"))
+        found["nmt"] = parse_native_memory(_jcmd(jvm, "VM.native_memory", "summary"))
+    except (OSError, subprocess.SubprocessError) as exc:
+        found["error"] = f"{type(exc).__name__}: {exc}"[:200]
+    if found.get("nmt", {}).get("committed_mb"):
+        found["outside_nmt_mb"] = round(found["rss_mb"] - found["nmt"]["committed_mb"], 1)
     return found
 
 
 def live_heap(job_pid: int) -> dict:
     """The job's driver JVM after a full collection (``jcmd GC.run``, then ``GC.heap_info``): the
     heap's live set in MB, which the RSS hides (the JVM keeps what it grew to up to -Xmx)."""
-    jvms = [pid for pid, cmdline in process_tree(job_pid).items() if pid != job_pid and _is_jvm(cmdline)]
-    if not jvms:
+    jvm, started = _job_jvm(job_pid), time.monotonic()
+    if jvm is None:
         return {"error": "no JVM under the job"}
-    jvm, started = min(jvms), time.monotonic()
     try:
-        subprocess.run(["jcmd", str(jvm), "GC.run"], capture_output=True, timeout=120, check=True)
-        info = subprocess.run(["jcmd", str(jvm), "GC.heap_info"], capture_output=True, text=True, timeout=60,
-                              check=True).stdout
+        _jcmd(jvm, "GC.run")
+        info = _jcmd(jvm, "GC.heap_info")
     except (OSError, subprocess.SubprocessError) as exc:
         return {"error": f"{type(exc).__name__}: {exc}"[:200]}
     used = re.search(r"used (\d+)K", info)  # the first line: the whole heap's total and used
     return {"live_mb": round(int(used.group(1)) / 1024, 1) if used else None,
             "gc_s": round(time.monotonic() - started, 2), "load_average": load_average()}
+
+
+def judge_jvm(samples: list[dict], growth: float, slack_mb: float) -> dict:
+    """The job's driver JVM against the bound its configuration sets (issue 28), from the samples
+    with native memory: the heap's maximum (-Xmx: spark.driver.memory, NMT's reserved heap), plus
+    RocksDB's cap for every state store (maxMemoryUsageMB, outside NMT), plus the JVM's non-heap
+    as NMT measured it a quarter into the run, with ``growth`` of it or ``slack_mb`` of room.
+
+    The RSS alone rises for most of an hour while the heap commits up to its maximum and RocksDB
+    fills its cache; this says whether it stays under what the settings allow. The non-heap part
+    (threads, code, metaspace, GC, direct buffers) must also stay flat. Empty without NMT samples
+    (a JVM run without ``-XX:NativeMemoryTracking``)."""
+    from pipeline.runtime.spark import STATE_STORE_CONF
+
+    natives = [s for s in samples if s.get("jvm_native", {}).get("nmt", {}).get("committed_mb")]
+    if len(natives) < 2:
+        return {}
+    quarter = samples[len(samples) // 4]["minute"]
+    reference, last = next((s for s in natives if s["minute"] >= quarter), natives[-1]), natives[-1]
+
+    def non_heap(found: dict) -> float:
+        nmt = found["jvm_native"]["nmt"]
+        return round(nmt["committed_mb"] - nmt["categories_mb"].get("Java Heap", 0), 1)
+
+    rocksdb_mb = float(STATE_STORE_CONF["spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB"]) * 1.048576
+    before, after, heap_max = non_heap(reference), non_heap(last), last["jvm_native"]["nmt"]["heap_max_mb"]
+    room = max(growth * before, slack_mb)
+    bound = heap_max + rocksdb_mb + before + room
+    series = [(s["minute"], s["jvm_native"]["rss_mb"], s["jvm_native"].get("heap", {}).get("committed_mb"), non_heap(s),
+               s["jvm_native"].get("outside_nmt_mb")) for s in natives]
+    rss = last["jvm_native"]["rss_mb"]
+    return {
+        "job JVM RSS within heap max + RocksDB cap + non-heap (MB)": {
+            "start": natives[0]["jvm_native"]["rss_mb"], "from": reference["jvm_native"]["rss_mb"], "end": rss,
+            "bound": round(bound, 1), "ok": rss <= bound,
+            "bound_parts": {"heap_max": heap_max, "rocksdb_cap": round(rocksdb_mb, 1), "non_heap_nmt": before,
+                            "room": round(room, 1)},
+            "samples": series, "columns": ["minute", "rss_mb", "heap_committed_mb", "non_heap_nmt_mb", "outside_nmt_mb"]},
+        "job JVM non-heap, NMT committed (MB)": {
+            "start": non_heap(natives[0]), "from": before, "end": after, "bound": round(before + room, 1),
+            "ok": after <= before + room},
+    }
