@@ -4,7 +4,8 @@
 127.0.0.1 and a free port, with a config file that turns its metrics endpoint off (it would
 otherwise listen on all interfaces), data under ``<data_dir>/broker/``, and a parent-death
 signal so it never outlives the process that started it. Its keeper keeps ``broker.log`` under
-:data:`BROKER_LOG_MAX_BYTES` (:func:`cap_log`).
+:data:`BROKER_LOG_MAX_BYTES` (:func:`cap_log`) and removes the subscriptions pulsar-lite keeps for
+the source's closed readers (pipeline/feed/reader_sweep.py).
 
 A running embedded broker writes ``<data_dir>/broker/endpoint.json``; :func:`resolve_service_url`
 reads it so the producers, the job and the console all reach the same broker.
@@ -37,6 +38,7 @@ from pathlib import Path
 
 from pipeline.config import Settings
 from pipeline.errors import BrokerError
+from pipeline.feed.reader_sweep import ReaderSweep
 
 _PR_SET_PDEATHSIG = 1
 BROKER_LOCK, USERS_LOCK, START_LOCK = "broker.lock", "users.lock", "start.lock"
@@ -58,10 +60,10 @@ enabled = false
 BROKER_RUST_LOG = "pulsar_lite::broker::service::persistent::persistent_subscription=error"
 
 
-def broker_environment(base: dict[str, str] | None = None) -> dict[str, str]:
-    """pulsar-lite's environment: ours (or ``base``) with :data:`BROKER_RUST_LOG` added to RUST_LOG."""
+def broker_environment(base: dict[str, str] | None = None, rust_log: str = BROKER_RUST_LOG) -> dict[str, str]:
+    """pulsar-lite's environment: ours (or ``base``) with ``rust_log`` added to RUST_LOG."""
     env = dict(os.environ if base is None else base)
-    env["RUST_LOG"] = ",".join(filter(None, (env.get("RUST_LOG"), BROKER_RUST_LOG)))
+    env["RUST_LOG"] = ",".join(filter(None, (env.get("RUST_LOG"), rust_log)))
     return env
 
 
@@ -114,6 +116,7 @@ class EmbeddedBroker:
     port: int = 0
     process: subprocess.Popen | None = None
     lock_fd: int | None = None
+    rust_log: str = BROKER_RUST_LOG  # a test turns the closed readers' warnings back on with ""
 
     @property
     def broker_dir(self) -> Path:
@@ -167,7 +170,7 @@ class EmbeddedBroker:
             self.process = subprocess.Popen(
                 [str(binary), "--config", str(config), "--addr", f"127.0.0.1:{self.port}",
                  "--db-path", str(self.broker_dir / "db"), "--log-level", "warn"],
-                stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=broker_environment(),
+                stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=broker_environment(rust_log=self.rust_log),
                 cwd=str(self.broker_dir), preexec_fn=die_with_parent,
                 pass_fds=(self.lock_fd,),  # the lock lasts until pulsar-lite itself has exited
             )
@@ -354,6 +357,7 @@ def keep_broker(data_dir: str | Path, poll_s: float = 0.25) -> int:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
     users = os.open(broker.broker_dir / USERS_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    readers = ReaderSweep(broker.broker_dir)
     try:
         while not stopping and broker.process.poll() is None:
             try:
@@ -361,6 +365,7 @@ def keep_broker(data_dir: str | Path, poll_s: float = 0.25) -> int:
                 break  # the last user is gone
             except BlockingIOError:
                 cap_log(broker.broker_dir / "broker.log")
+                readers.maybe_sweep(broker.service_url)
                 time.sleep(poll_s)
         broker.stop()
     finally:

@@ -12,6 +12,9 @@ from pipeline.errors import SourceError
 from pipeline.source.offsets import EARLIEST, Position
 
 LAST_INDEX = (1 << 31) - 1  # a batch index after every real one (the C++ client's is an int32)
+# A reader's subscription is named ``<READER_PREFIX>-reader-<random>``, so the embedded broker's
+# keeper can tell the source's closed readers from anyone else's (pipeline/feed/reader_sweep.py).
+READER_PREFIX = "stateful-streams"
 _clients: dict[str, object] = {}
 # The token each broker URL is reached with in this process (``pulsar.auth_token``): the data
 # source sets it from its ``authToken`` option on the driver and in every read task.
@@ -69,7 +72,8 @@ def open_reader(service_url: str, topic: str, start_id: str, receiver_queue: int
     """A non-durable reader positioned right after ``start_id`` (or at the earliest message)."""
     try:
         return (client or pulsar_client(service_url)).create_reader(
-            topic, client_message_id(start_id), receiver_queue_size=receiver_queue)
+            topic, client_message_id(start_id), receiver_queue_size=receiver_queue,
+            subscription_role_prefix=READER_PREFIX)
     except Exception as exc:  # the C++ client raises its own types (Timeout, TopicNotFound, …)
         raise SourceError(f"cannot open a reader on {topic!r} at {start_id!r} via {service_url!r}: {exc}") from exc
 
