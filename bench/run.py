@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT)]
 
 from bench import (bench_backlog, bench_console, bench_event_time, bench_flink, bench_latency,  # noqa: E402
-                   bench_long_run, bench_month, bench_reader_stalls, bench_recovery, bench_sql, bench_startup, bench_state,
+                   bench_long_run, bench_month, bench_reader_stalls, bench_reader_sweep, bench_recovery, bench_sql, bench_startup, bench_state,
                    bench_throughput)
 from bench.common import RESULTS_DIR, machine, now_utc  # noqa: E402
 
@@ -34,6 +34,7 @@ BENCHES = {
     "recovery": (bench_recovery, []),
     "startup": (bench_startup, []),
     "reader_stalls": (bench_reader_stalls, ["--reads", "120", "--queues", "5000,1000,500"]),
+    "reader_sweep": (bench_reader_sweep, ["--readers", "3000"]),
     "state": (bench_state, []),
     "console": (bench_console, ["--orders", "5000000"]),
     "sql": (bench_sql, ["--keys", "1000000"]),
