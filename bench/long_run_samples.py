@@ -57,8 +57,11 @@ def newest_batch(data_dir: Path) -> dict:
         return {}
     row = rows[-1]
     backlog = {topic["topic"].rsplit("-", 1)[-1]: topic.get("backlog") for topic in row.get("topics") or []}
+    # with boundedMemoryUsage every operator reports the one shared RocksDB budget's usage
+    rocksdb = max((op.get("memory_bytes") or 0 for op in row.get("state") or []), default=None)
     return {"batch_id": row.get("batch_id"), "batch_duration_ms": row.get("batch_duration_ms"),
-            "num_input_rows": row.get("num_input_rows"), "backlog": backlog}
+            "num_input_rows": row.get("num_input_rows"), "backlog": backlog,
+            "rocksdb_memory_mb": None if rocksdb is None else round(rocksdb / 1e6, 1)}
 
 
 def sample(began: float, procs: dict[str, int], job_pid: int, data_dir: Path, broker_dir: Path,
@@ -154,9 +157,12 @@ def judge_jvm(samples: list[dict], growth: float, slack_mb: float) -> dict:
     as NMT measured it a quarter into the run, with ``growth`` of it or ``slack_mb`` of room.
 
     The RSS alone rises for most of an hour while the heap commits up to its maximum and RocksDB
-    fills its cache; this says whether it stays under what the settings allow. The non-heap part
-    (threads, code, metaspace, GC, direct buffers) must also stay flat. Empty without NMT samples
-    (a JVM run without ``-XX:NativeMemoryTracking``)."""
+    fills its cache; this says whether it stays under what the settings allow. Two parts must also
+    stay flat: the non-heap (threads, code, metaspace, GC, direct buffers) and what glibc's arenas
+    hold beyond RocksDB's reported usage (RSS outside NMT minus the state operators'
+    ``memory_bytes``: RocksDB's cache fills with the blocks of files compaction replaced until its
+    cap evicts them, by design). Empty without NMT samples (a JVM run without
+    ``-XX:NativeMemoryTracking``)."""
     from pipeline.runtime.spark import STATE_STORE_CONF
 
     natives = [s for s in samples if s.get("jvm_native", {}).get("nmt", {}).get("committed_mb")]
@@ -173,17 +179,28 @@ def judge_jvm(samples: list[dict], growth: float, slack_mb: float) -> dict:
     before, after, heap_max = non_heap(reference), non_heap(last), last["jvm_native"]["nmt"]["heap_max_mb"]
     room = max(growth * before, slack_mb)
     bound = heap_max + rocksdb_mb + before + room
+    def untold(found: dict) -> float | None:  # malloc's own: outside NMT and beyond what RocksDB reports it holds
+        rocksdb = found.get("batch", {}).get("rocksdb_memory_mb")
+        return None if rocksdb is None else round(found["jvm_native"]["outside_nmt_mb"] - rocksdb, 1)
+
     series = [(s["minute"], s["jvm_native"]["rss_mb"], s["jvm_native"].get("heap", {}).get("committed_mb"), non_heap(s),
-               s["jvm_native"].get("outside_nmt_mb")) for s in natives]
+               s["jvm_native"].get("outside_nmt_mb"), s.get("batch", {}).get("rocksdb_memory_mb")) for s in natives]
     rss = last["jvm_native"]["rss_mb"]
-    return {
+    found = {
         "job JVM RSS within heap max + RocksDB cap + non-heap (MB)": {
             "start": natives[0]["jvm_native"]["rss_mb"], "from": reference["jvm_native"]["rss_mb"], "end": rss,
             "bound": round(bound, 1), "ok": rss <= bound,
             "bound_parts": {"heap_max": heap_max, "rocksdb_cap": round(rocksdb_mb, 1), "non_heap_nmt": before,
                             "room": round(room, 1)},
-            "samples": series, "columns": ["minute", "rss_mb", "heap_committed_mb", "non_heap_nmt_mb", "outside_nmt_mb"]},
+            "samples": series,
+            "columns": ["minute", "rss_mb", "heap_committed_mb", "non_heap_nmt_mb", "outside_nmt_mb", "rocksdb_mb"]},
         "job JVM non-heap, NMT committed (MB)": {
             "start": non_heap(natives[0]), "from": before, "end": after, "bound": round(before + room, 1),
             "ok": after <= before + room},
     }
+    if untold(reference) is not None and untold(last) is not None:  # what glibc's arenas keep beyond their users'
+        before, after = untold(reference), untold(last)
+        bound = before + max(growth * max(before, 0), slack_mb)
+        found["job JVM malloc outside NMT beyond RocksDB's usage (MB)"] = {
+            "start": untold(natives[0]), "from": before, "end": after, "bound": round(bound, 1), "ok": after <= bound}
+    return found

@@ -11,7 +11,7 @@ SETTINGS = {"job.trigger_interval": 0.5, "sinks.compact_interval": 600.0, "sinks
 
 
 def make_sample(minute: float, heap_mb: float | None = None, jvm_rss_mb: float | None = None,
-                non_heap_mb: float = 450.0) -> dict:
+                non_heap_mb: float = 450.0, rocksdb_mb: float | None = None) -> dict:
     """A sample as long_run_samples.sample gives it, every figure flat; with a live heap and the
     JVM's native memory (a 1,024 MB heap at most, 600 MB of it committed) if given."""
     job = {"driver_python_mb": 280, "jvm_mb": 1500, "python_workers_mb": 700, "pss_mb": 2200}
@@ -23,14 +23,18 @@ def make_sample(minute: float, heap_mb: float | None = None, jvm_rss_mb: float |
         found["jvm_heap"] = {"live_mb": heap_mb}
     if jvm_rss_mb is not None:
         nmt = {"committed_mb": 600 + non_heap_mb, "heap_max_mb": 1024.0, "categories_mb": {"Java Heap": 600.0}}
-        found["jvm_native"] = {"rss_mb": jvm_rss_mb, "heap": {"committed_mb": 600.0}, "nmt": nmt}
+        found["jvm_native"] = {"rss_mb": jvm_rss_mb, "heap": {"committed_mb": 600.0}, "nmt": nmt,
+                               "outside_nmt_mb": jvm_rss_mb - 600 - non_heap_mb}
+    if rocksdb_mb is not None:
+        found["batch"] = {"rocksdb_memory_mb": rocksdb_mb}
     return found
 
 
 def verdict_for(heaps: list[float | None], jvm_rss: list[float | None] | None = None,
-                non_heap: list[float] | None = None) -> dict:
+                non_heap: list[float] | None = None, rocksdb: list[float | None] | None = None) -> dict:
     jvm_rss, non_heap = jvm_rss or [None] * len(heaps), non_heap or [450.0] * len(heaps)
-    samples = [make_sample(minute, *figures) for minute, figures in enumerate(zip(heaps, jvm_rss, non_heap))]
+    samples = [make_sample(minute, *figures)
+               for minute, figures in enumerate(zip(heaps, jvm_rss, non_heap, rocksdb or [None] * len(heaps)))]
     console = {"pages": {}, "exporter_scrape_s": 0.1}
     return judge(console, console, samples, SETTINGS, len(heaps))
 
@@ -76,6 +80,21 @@ def test_the_non_heap_may_grow_by_a_quarter_from_a_quarter_in():
 
 def test_a_non_heap_past_that_is_not_flat():
     assert verdict_for([None] * 8, jvm_rss=[1000] * 8, non_heap=[450] * 7 + [700])["flat"][NON_HEAP]["ok"] is False
+
+
+MALLOC = "job JVM malloc outside NMT beyond RocksDB's usage (MB)"
+
+
+def test_rocksdb_filling_its_cache_is_not_malloc_growth():
+    # outside NMT = RSS - 600 heap - 450 non-heap: 150 -> 450 MB, all of it RocksDB's cache
+    verdict = verdict_for([None] * 8, jvm_rss=[1200, 1250, 1300, 1350, 1400, 1450, 1500, 1500],
+                          rocksdb=[100, 150, 200, 250, 300, 350, 400, 400])
+    assert (verdict["flat"][MALLOC]["from"], verdict["flat"][MALLOC]["end"], verdict["flat"][MALLOC]["ok"]) == (50, 50, True)
+
+
+def test_malloc_growing_beyond_rocksdb_is_not_flat():
+    verdict = verdict_for([None] * 8, jvm_rss=[1200, 1250, 1300, 1400, 1500, 1600, 1700, 1800], rocksdb=[100] * 8)
+    assert (verdict["flat"][MALLOC]["from"], verdict["flat"][MALLOC]["end"], verdict["flat"][MALLOC]["ok"]) == (150, 650, False)
 
 
 def test_without_native_memory_there_is_no_jvm_bound():
