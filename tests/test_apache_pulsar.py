@@ -429,3 +429,55 @@ def test_event_time_writes_what_the_temporal_join_gives(apache_settings_factory,
     finally:
         job.close()
     assert written(settings.data_dir) == expected(data)
+
+
+@pytest.mark.e2e
+def test_sql_pipelines_count_and_join_on_a_foreign_key_through_apache_pulsar(apache_settings_factory, apache_pulsar,
+                                                                               spark):
+    """The seed's count by account and the foreign-key join example, side by side on Apache
+    Pulsar: the users published unbatched (pulsar-client's default), the accounts batched, then a
+    move, a delete, an account's change and a bad message. Each upsert topic ends with exactly the
+    changelog pulsar-lite's tests give; the bad message is one dead letter of each pipeline."""
+    from pipeline.sql.plan import build_plan
+    from sqlhelp import COUNT_SQL, SQL_DIR, Running, fresh_topics, latest_per_key, message, read_topic, sink_rows
+
+    settings = apache_settings_factory(job__restart__delay="3s")
+    url = apache_pulsar.service_url
+    counted = fresh_topics("users", "user_count_by_account")
+    joined = fresh_topics("users", "accounts", "users_with_their_account")
+    joined["users"] = counted["users"]  # both read the same users topic, as the seed's two jobs do
+
+    def user(uid: str, account: str, name: str = "bob", id_=1) -> tuple[str, bytes]:
+        return message(uid, {"uid": uid, "accountId": account, "id": id_, "fullName": name, "op": "c"})
+
+    publish(url, counted["users"], [user("u1", "A"), user("u2", "A"), user("u3", "B")], batching=False)
+    publish(url, joined["accounts"], [message("A", {"id": "A", "name": "Acme", "plan": "gold"}),
+                                      message("B", {"id": "B", "name": "Beta"})])
+    count_plan = build_plan(COUNT_SQL.read_text(), counted)
+    join_plan = build_plan((SQL_DIR / "users_with_their_account.sql").read_text(), joined)
+    with Running(settings, count_plan, "count", spark) as counting, Running(settings, join_plan, "fk", spark) as joining:
+        wait_for(lambda: counting.result(settings, "count") == [{"accountId": "A", "userCount": 2},
+                                                               {"accountId": "B", "userCount": 1}],
+                 240, what="the first counts")
+        wait_for(lambda: len(joining.result(settings, "fk")) == 3, 240, what="the first joined users")
+        publish(url, counted["users"], [user("u1", "B", id_=1), message("u3", None),
+                                        message("u9", {"uid": "u9", "accountId": "A", "id": "nine"})], batching=False)
+        publish(url, joined["accounts"], [message("B", {"id": "B", "name": "Beta 2", "plan": "silver"})])
+        wait_for(lambda: counting.result(settings, "count") == [{"accountId": "A", "userCount": 1},
+                                                               {"accountId": "B", "userCount": 1}],
+                 120, what="the move and the delete counted")
+        wait_for(lambda: joining.result(settings, "fk") == [
+            {"userUid": "u1", "fullName": "bob", "accountId": "B", "accountName": "Beta 2", "accountPlan": "silver"},
+            {"userUid": "u2", "fullName": "bob", "accountId": "A", "accountName": "Acme", "accountPlan": "gold"}],
+            120, what="the move, the delete and the account's change joined")
+    counts = read_topic(url, counted["user_count_by_account"])
+    assert latest_per_key(counts) == {"A": {"accountId": "A", "userCount": 1}, "B": {"accountId": "B", "userCount": 1}}
+    assert ("A", '{"accountId":"A","userCount":2}') in counts  # before the move, as the seed's JSON
+    users = read_topic(url, joined["users_with_their_account"])
+    assert ("u3", "") in users  # the deleted user's tombstone
+    assert latest_per_key(users) == {
+        "u1": {"userUid": "u1", "fullName": "bob", "accountId": "B", "accountName": "Beta 2", "accountPlan": "silver"},
+        "u2": {"userUid": "u2", "fullName": "bob", "accountId": "A", "accountName": "Acme", "accountPlan": "gold"}}
+    for name in ("count", "fk"):
+        dead = sink_rows(settings, name, "dead_letter")
+        assert [(d["key"], d["error"]) for d in dead] == [("u9", "table 'users' column 'id': expected INT, got string \"nine\"")]
