@@ -435,9 +435,10 @@ def test_event_time_writes_what_the_temporal_join_gives(apache_settings_factory,
 def test_sql_pipelines_count_and_join_on_a_foreign_key_through_apache_pulsar(apache_settings_factory, apache_pulsar,
                                                                                spark):
     """The seed's count by account and the foreign-key join example, side by side on Apache
-    Pulsar: the users published unbatched (pulsar-client's default), the accounts batched, then a
-    move, a delete, an account's change and a bad message. Each upsert topic ends with exactly the
-    changelog pulsar-lite's tests give; the bad message is one dead letter of each pipeline."""
+    Pulsar: the users on a topic of four partitions, published unbatched (pulsar-client's
+    default), the accounts batched, then a move, a delete, an account's change and a bad message.
+    Each upsert topic ends with exactly the changelog pulsar-lite's tests give; the bad message is
+    one dead letter of each pipeline."""
     from pipeline.sql.plan import build_plan
     from sqlhelp import COUNT_SQL, SQL_DIR, Running, fresh_topics, latest_per_key, message, read_topic, sink_rows
 
@@ -446,6 +447,10 @@ def test_sql_pipelines_count_and_join_on_a_foreign_key_through_apache_pulsar(apa
     counted = fresh_topics("users", "user_count_by_account")
     joined = fresh_topics("users", "accounts", "users_with_their_account")
     joined["users"] = counted["users"]  # both read the same users topic, as the seed's two jobs do
+    request = urllib.request.Request(f"{apache_pulsar.admin_url}/admin/v2/persistent/"
+                                     f"{counted['users'].removeprefix('persistent://')}/partitions", data=b"4",
+                                     method="PUT", headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(request, timeout=10).close()
 
     def user(uid: str, account: str, name: str = "bob", id_=1) -> tuple[str, bytes]:
         return message(uid, {"uid": uid, "accountId": account, "id": id_, "fullName": name, "op": "c"})
