@@ -50,7 +50,7 @@ sys.path[:0] = [str(ROOT)]
 
 from bench.common import (BenchError, alive, bench_topics, load_average, machine, now_utc, percentile,  # noqa: E402
                           wait_until, write_result)
-from bench.long_run_samples import judge_jvm, sample  # noqa: E402
+from bench.long_run_samples import job_parts, judge_jvm, sample  # noqa: E402
 from pipeline import store  # noqa: E402
 from pipeline.config import load_settings  # noqa: E402
 from pipeline.feed.broker import EmbeddedBroker, die_with_parent  # noqa: E402
@@ -102,12 +102,6 @@ def stop_process(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=30)
-
-
-def start_job(settings, log_path: Path, extra: dict):
-    from bench.bench_latency import start_job_with
-
-    return start_job_with(settings, log_path, extra)
 
 
 class Scraper:
@@ -166,19 +160,20 @@ def judge(start: dict, end: dict, samples: list[dict], settings: dict, minutes: 
     Python workers fill up in the first minutes) to the last: a process's RSS grows by at most
     MEMORY_GROWTH of it or MEMORY_SLACK_MB; the checkpoint likewise (CHECKPOINT_*); a sink's
     current table files stay under the batches of one compaction interval (each batch adds at
-    most a file per sink) plus 10. The benchmark's own process (AppTest) is reported, not judged."""
+    most a file per sink) plus 10. With NMT samples the JVM is judged by the bound its settings
+    allow instead (long_run_samples.judge_jvm). The benchmark's own process is reported, not judged."""
     first, reference, last = samples[0], samples[len(samples) // 4], samples[-1]
     verdict: dict = {"flat": {}, "within_retention": {}, "pages": {}, "flat_from_minute": reference["minute"]}
     mem_first, mem_ref, mem_last = first["memory"], reference["memory"], last["memory"]
-    parts = [("job " + part, mem_first["job"][part], mem_ref["job"][part], mem_last["job"][part])
-             for part in ("driver_python_mb", "jvm_mb", "python_workers_mb", "pss_mb")]
+    jvm = judge_jvm(samples, MEMORY_GROWTH, MEMORY_SLACK_MB)  # with NMT: the JVM by its configured bound (issue 28)
+    parts = job_parts((mem_first, mem_ref, mem_last), jvm_bounded=bool(jvm))
     parts += [(name, mem_first[name]["rss_mb"], mem_ref[name]["rss_mb"], mem_last[name]["rss_mb"]) for name in mem_first
               if name not in ("job", MEASURING)]
     for name, at_start, before, after in parts:
         bound = before + max(MEMORY_GROWTH * before, MEMORY_SLACK_MB)
         verdict["flat"][f"{name} (MB)"] = {"start": at_start, "from": before, "end": after, "bound": round(bound, 1),
                                            "ok": after <= bound}
-    verdict["flat"].update(judge_jvm(samples, MEMORY_GROWTH, MEMORY_SLACK_MB))  # the JVM's configured bound (issue 28)
+    verdict["flat"].update(jvm)
     heaps = [(s["minute"], s["jvm_heap"]["live_mb"]) for s in samples[len(samples) // 4:] if s.get("jvm_heap", {}).get("live_mb")]
     if len(heaps) >= 2:  # the live set after a full collection, which the RSS hides (long_run_samples.live_heap)
         before, after = heaps[0][1], heaps[-1][1]
@@ -243,7 +238,8 @@ def table_rows(result: dict) -> list[tuple[str, str, str, str]]:
     label = f"long run ({verdict['minutes']:g} min{', PARTIAL' if result.get('partial') else ''}) at " \
             f"{result['workload']['rate']:,} orders/s, trigger {result['workload']['trigger_interval_s']:g} s"
     load = f" (load {result['samples'][-1]['load_average'][0]:.1f})"
-    pss = verdict["flat"]["job pss_mb (MB)"]
+    pss = {key: sample["memory"]["job"]["pss_mb"] for key, sample in zip(("start", "from", "end"), (
+        result["samples"][0], result["samples"][len(result["samples"]) // 4], result["samples"][-1]))}
     rows = [(f"{label}: job PSS (driver + JVM + workers) at the end", f"{pss['end']:,.0f} MB{load}",
              f"at the start {pss['start']:,.0f} MB, at {verdict['flat_from_minute']:g} min {pss['from']:,.0f} MB",
              f"{pss['end'] / pss['from']:.2f}" if pss["from"] else "–")]
@@ -303,7 +299,9 @@ def main(argv: list[str] | None = None) -> dict:
             subprocess.run([sys.executable, "-m", "pipeline", "produce", kind, "--file", str(generated / f"{kind}.csv"),
                             "--quiet"], cwd=ROOT, env=env, check=True, capture_output=True)
         log_path = work / "job.log"
-        job = start_job(settings, log_path, extra)  # --set flags for what tests/jobproc.py does not pass on
+        from bench.bench_latency import start_job_with
+
+        job = start_job_with(settings, log_path, extra)  # --set flags for what tests/jobproc.py does not pass on
         cleanup.callback(job.stop)
         check = alive(job, log_path)
         loaded = args.users + args.items

@@ -150,57 +150,68 @@ def live_heap(job_pid: int) -> dict:
             "gc_s": round(time.monotonic() - started, 2), "load_average": load_average()}
 
 
+def job_parts(memories: tuple[dict, ...], jvm_bounded: bool) -> list[tuple]:
+    """``(name, MB at each of memories)`` for the job's parts that must stay flat against the start.
+    With its bound (:func:`judge_jvm`) the JVM is judged by that, and the job's PSS without it:
+    the JVM's RSS swings with its heap's committed size."""
+    parts = [("job " + part, *(memory["job"][part] for memory in memories))
+             for part in ("driver_python_mb", "jvm_mb", "python_workers_mb", "pss_mb") if not (jvm_bounded and part == "jvm_mb")]
+    if jvm_bounded:
+        parts[-1] = ("job pss_mb but the JVM", *(round(m["job"]["pss_mb"] - m["job"]["jvm_mb"], 1) for m in memories))
+    return parts
+
+
 def judge_jvm(samples: list[dict], growth: float, slack_mb: float) -> dict:
     """The job's driver JVM against the bound its configuration sets (issue 28), from the samples
     with native memory: the heap's maximum (-Xmx: spark.driver.memory, NMT's reserved heap), plus
-    RocksDB's cap for every state store (maxMemoryUsageMB, outside NMT), plus the JVM's non-heap
-    as NMT measured it a quarter into the run, with ``growth`` of it or ``slack_mb`` of room.
+    RocksDB's cap for every state store (maxMemoryUsageMB, outside NMT), plus the rest as measured
+    a quarter into the run (NMT's non-heap, and what glibc's arenas hold beyond RocksDB's reported
+    usage), with ``growth`` of that rest or ``slack_mb`` of room.
 
-    The RSS alone rises for most of an hour while the heap commits up to its maximum and RocksDB
-    fills its cache; this says whether it stays under what the settings allow. Two parts must also
-    stay flat: the non-heap (threads, code, metaspace, GC, direct buffers) and what glibc's arenas
-    hold beyond RocksDB's reported usage (RSS outside NMT minus the state operators'
-    ``memory_bytes``: RocksDB's cache fills with the blocks of files compaction replaced until its
-    cap evicts them, by design). Empty without NMT samples (a JVM run without
-    ``-XX:NativeMemoryTracking``)."""
+    The RSS alone swings by hundreds of MB as the heap commits and gives back (G1, up to its
+    maximum) and rises while RocksDB's cache fills with the blocks of files compaction replaced,
+    until its cap evicts them (by design); this says whether it stays under what the settings
+    allow. Each measured part must also stay flat: the non-heap (threads, code, metaspace, GC,
+    direct buffers) and the arenas' own (RSS outside NMT minus the state operators'
+    ``memory_bytes``). Empty without NMT samples (a JVM run without ``-XX:NativeMemoryTracking``)."""
     from pipeline.runtime.spark import STATE_STORE_CONF
 
     natives = [s for s in samples if s.get("jvm_native", {}).get("nmt", {}).get("committed_mb")]
     if len(natives) < 2:
         return {}
     quarter = samples[len(samples) // 4]["minute"]
-    reference, last = next((s for s in natives if s["minute"] >= quarter), natives[-1]), natives[-1]
+    first, reference, last = natives[0], next((s for s in natives if s["minute"] >= quarter), natives[-1]), natives[-1]
 
     def non_heap(found: dict) -> float:
         nmt = found["jvm_native"]["nmt"]
         return round(nmt["committed_mb"] - nmt["categories_mb"].get("Java Heap", 0), 1)
 
-    rocksdb_mb = float(STATE_STORE_CONF["spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB"]) * 1.048576
-    before, after, heap_max = non_heap(reference), non_heap(last), last["jvm_native"]["nmt"]["heap_max_mb"]
-    room = max(growth * before, slack_mb)
-    bound = heap_max + rocksdb_mb + before + room
     def untold(found: dict) -> float | None:  # malloc's own: outside NMT and beyond what RocksDB reports it holds
         rocksdb = found.get("batch", {}).get("rocksdb_memory_mb")
         return None if rocksdb is None else round(found["jvm_native"]["outside_nmt_mb"] - rocksdb, 1)
 
-    series = [(s["minute"], s["jvm_native"]["rss_mb"], s["jvm_native"].get("heap", {}).get("committed_mb"), non_heap(s),
-               s["jvm_native"].get("outside_nmt_mb"), s.get("batch", {}).get("rocksdb_memory_mb")) for s in natives]
-    rss = last["jvm_native"]["rss_mb"]
-    found = {
-        "job JVM RSS within heap max + RocksDB cap + non-heap (MB)": {
-            "start": natives[0]["jvm_native"]["rss_mb"], "from": reference["jvm_native"]["rss_mb"], "end": rss,
-            "bound": round(bound, 1), "ok": rss <= bound,
-            "bound_parts": {"heap_max": heap_max, "rocksdb_cap": round(rocksdb_mb, 1), "non_heap_nmt": before,
-                            "room": round(room, 1)},
-            "samples": series,
-            "columns": ["minute", "rss_mb", "heap_committed_mb", "non_heap_nmt_mb", "outside_nmt_mb", "rocksdb_mb"]},
-        "job JVM non-heap, NMT committed (MB)": {
-            "start": non_heap(natives[0]), "from": before, "end": after, "bound": round(before + room, 1),
-            "ok": after <= before + room},
-    }
-    if untold(reference) is not None and untold(last) is not None:  # what glibc's arenas keep beyond their users'
-        before, after = untold(reference), untold(last)
+    def flat(at: tuple, before: float) -> dict:
         bound = before + max(growth * max(before, 0), slack_mb)
-        found["job JVM malloc outside NMT beyond RocksDB's usage (MB)"] = {
-            "start": untold(natives[0]), "from": before, "end": after, "bound": round(bound, 1), "ok": after <= bound}
+        return {"start": at[0], "from": before, "end": at[2], "bound": round(bound, 1), "ok": at[2] <= bound}
+
+    rocksdb_mb = float(STATE_STORE_CONF["spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB"]) * 1.048576
+    heap_max, nmt_rest, arenas = last["jvm_native"]["nmt"]["heap_max_mb"], non_heap(reference), untold(reference)
+    rest = nmt_rest + max(arenas or 0, 0)
+    room = max(growth * rest, slack_mb)
+    bound, rss = heap_max + rocksdb_mb + rest + room, last["jvm_native"]["rss_mb"]
+    found = {
+        "job JVM RSS within heap max + RocksDB cap + measured rest (MB)": {
+            "start": first["jvm_native"]["rss_mb"], "from": reference["jvm_native"]["rss_mb"], "end": rss,
+            "bound": round(bound, 1), "ok": rss <= bound,
+            "bound_parts": {"heap_max": heap_max, "rocksdb_cap": round(rocksdb_mb, 1), "non_heap_nmt": nmt_rest,
+                            "malloc_beyond_rocksdb": arenas, "room": round(room, 1)},
+            "columns": ["minute", "rss_mb", "heap_committed_mb", "non_heap_nmt_mb", "outside_nmt_mb", "rocksdb_mb"],
+            "samples": [(s["minute"], s["jvm_native"]["rss_mb"], s["jvm_native"].get("heap", {}).get("committed_mb"),
+                         non_heap(s), s["jvm_native"].get("outside_nmt_mb"), s.get("batch", {}).get("rocksdb_memory_mb"))
+                        for s in natives]},
+        "job JVM non-heap, NMT committed (MB)": flat(tuple(non_heap(s) for s in (first, reference, last)), nmt_rest),
+    }
+    if arenas is not None and untold(last) is not None:
+        found["job JVM malloc outside NMT beyond RocksDB's usage (MB)"] = flat(
+            tuple(untold(s) for s in (first, reference, last)), arenas)
     return found

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.bench_long_run import MEASURING, judge
+from bench.bench_long_run import MEASURING, judge, table_rows
 from bench.long_run_samples import live_heap, parse_heap_info, parse_native_memory
 from pipeline import store
 
@@ -57,7 +57,7 @@ def test_live_heap_of_a_job_without_a_jvm_says_so():
     assert live_heap(2**22 + 12345) == {"error": "no JVM under the job"}
 
 
-JVM_BOUND = "job JVM RSS within heap max + RocksDB cap + non-heap (MB)"
+JVM_BOUND = "job JVM RSS within heap max + RocksDB cap + measured rest (MB)"
 NON_HEAP = "job JVM non-heap, NMT committed (MB)"
 
 
@@ -65,7 +65,15 @@ def test_a_jvm_rss_rising_to_its_configured_bound_is_within_it():
     # 1,024 heap + 402.7 RocksDB (384 MiB) + 450 non-heap + 112.5 room = 1,989.2 MB
     entry = verdict_for([None] * 8, jvm_rss=[1000, 1100, 1200, 1400, 1600, 1700, 1800, 1900])["flat"][JVM_BOUND]
     assert (entry["from"], entry["end"], entry["bound"], entry["ok"]) == (1200, 1900, 1989.2, True)
-    assert entry["bound_parts"] == {"heap_max": 1024.0, "rocksdb_cap": 402.7, "non_heap_nmt": 450.0, "room": 112.5}
+    assert entry["bound_parts"] == {"heap_max": 1024.0, "rocksdb_cap": 402.7, "non_heap_nmt": 450.0,
+                                    "malloc_beyond_rocksdb": None, "room": 112.5}
+
+
+def test_the_bound_counts_the_arenas_own_as_measured():
+    # a quarter in: outside NMT 1300 - 600 - 450 = 250, RocksDB 200: 50 MB the arenas own; 1,024 + 402.7 + 500 + 125
+    entry = verdict_for([None] * 8, jvm_rss=[1200, 1250, 1300, 1350, 1400, 1450, 1500, 1500],
+                        rocksdb=[100, 150, 200, 250, 300, 350, 400, 400])["flat"][JVM_BOUND]
+    assert (entry["bound_parts"]["malloc_beyond_rocksdb"], entry["bound_parts"]["room"], entry["bound"]) == (50, 125.0, 2051.7)
 
 
 def test_a_jvm_rss_past_its_configured_bound_is_not():
@@ -98,7 +106,23 @@ def test_malloc_growing_beyond_rocksdb_is_not_flat():
 
 
 def test_without_native_memory_there_is_no_jvm_bound():
-    assert not any(name in verdict_for([None] * 8)["flat"] for name in (JVM_BOUND, NON_HEAP))
+    flat = verdict_for([None] * 8)["flat"]
+    assert not any(name in flat for name in (JVM_BOUND, NON_HEAP)) and {"job jvm_mb (MB)", "job pss_mb (MB)"} <= set(flat)
+
+
+def test_with_its_bound_the_jvm_is_not_judged_against_the_start():
+    # the job's PSS 2,200 of which the JVM's RSS 1,500 in make_sample: 700 without it
+    flat = verdict_for([None] * 8, jvm_rss=[1000, 1100, 1200, 1400, 1600, 1700, 1800, 1900])["flat"]
+    assert "job jvm_mb (MB)" not in flat and "job pss_mb (MB)" not in flat
+    assert (flat["job pss_mb but the JVM (MB)"]["end"], flat["job pss_mb but the JVM (MB)"]["ok"]) == (700, True)
+
+
+def test_the_table_row_shows_the_whole_pss():
+    samples = [make_sample(minute, None, 1500) for minute in range(8)]
+    console = {"pages": {}, "exporter_scrape_s": 0.1}
+    result = {"samples": [{**s, "load_average": [1.0, 1.0, 1.0]} for s in samples], "partial": True,
+              "workload": {"rate": 2000, "trigger_interval_s": 0.5}, "verdict": judge(console, console, samples, SETTINGS, 8)}
+    assert table_rows(result)[0][1:3] == ("2,200 MB (load 1.0)", "at the start 2,200 MB, at 2 min 2,200 MB")
 
 
 NMT_TEXT = """7169:
