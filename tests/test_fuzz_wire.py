@@ -311,7 +311,8 @@ def test_an_unexpected_failure_is_still_a_one_line_error(text):
 def test_a_dead_letter_holds_its_payload_alike_in_the_job_and_the_sql_pipelines(payload):
     """One dead-letter format: the SQL pipelines wrote bare base64 for a payload that is not
     UTF-8 where the job writes ``base64:…``, so one query could not read both."""
-    from pipeline.sql.envelope import make_parser
+    from pipeline.source.options import load_transform
+    from pipeline.sql.envelope import PARSE_TRANSFORM, parser_args
     from pipeline.sql.plan import build_plan
     from sqlhelp import COUNT_SQL
 
@@ -319,6 +320,8 @@ def test_a_dead_letter_holds_its_payload_alike_in_the_job_and_the_sql_pipelines(
     source = pa.RecordBatch.from_pylist([{
         "kind": "users", "key": "1", "value": payload, "partition": 0, "position": 0, "topic": "users",
         "message_id": "1:0:0", "publish_time": None}])
-    [sql] = list(make_parser(build_plan(COUNT_SQL.read_text()))([source]))
+    # as the source's read tasks run it: the transform option, its arguments through JSON
+    parse = load_transform(PARSE_TRANSFORM, json.dumps(parser_args(build_plan(COUNT_SQL.read_text()))))
+    [sql] = list(parse([source]))
     assert job["op"] == ["dead"] and sql.column("op").to_pylist() == ["dead"]
     assert sql.column("payload").to_pylist() == job["payload"] == [wire.payload_text(payload)]

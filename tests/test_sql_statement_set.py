@@ -55,6 +55,7 @@ def test_a_statement_set_reads_each_message_once_and_writes_each_inserts_changel
         query = next(q for q in spark.streams.active if q.name == "sql-set")
         executed = query._jsq.streamingQuery().lastExecution().executedPlan().toString()
         assert "ReusedExchange" in executed  # the second INSERT reads the first one's read of the source
+        assert "MapInArrow" in executed  # each INSERT parses its own envelope after the shared read
         # u2 gets a name (counts unchanged: nothing sent there); u1 is deleted (both change)
         publish(url, topics["users"], [user("u2", "A", "bo")])
         on_counts, on_named = wait_for(both(2, 3), 90, what="u2 named")

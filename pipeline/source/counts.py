@@ -18,17 +18,18 @@ def column_name(kind: str, partition: str | int) -> str:
     return f"{kind}/{int(partition)}"
 
 
-def observe_rows(frame, partitions: dict[str, list[str]], kind_column: str = "kind",
+def observe_rows(frame, partitions: dict[str, list[str]], kind_column="kind",
                  partition_column: str = "partition"):
     """``frame`` with its rows counted per topic partition (observed metric ``source_rows``).
 
     ``partitions``: topic kind -> its partitions ('-1' for a topic that is not partitioned),
     listed when the query is built; rows of a partition added later are counted from the next
-    start on.
+    start on. ``kind_column``: a column's name, or a Column that gives the kind.
     """
     from pyspark.sql import functions as F
 
-    kind, part = F.col(kind_column), F.coalesce(F.col(partition_column), F.lit(-1))
+    kind = F.col(kind_column) if isinstance(kind_column, str) else kind_column
+    part = F.coalesce(F.col(partition_column), F.lit(-1))
     counts = [F.count(F.when((kind == k) & (part == int(p)), 1)).alias(column_name(k, p))
               for k, parts in sorted(partitions.items()) for p in sorted(parts, key=int)]
     return frame.observe(SOURCE_ROWS, *counts) if counts else frame

@@ -16,8 +16,10 @@ Each source message becomes one envelope row::
   ``dead`` with a one-line ``error`` naming the table and column. A missing or null field is null,
   as Flink's JSON format reads it.
 
-:func:`decide_row` is the pure decision; :func:`make_parser` wraps it for ``mapInArrow`` (it runs
-on the executors).
+:func:`decide_row` is the pure decision; :func:`parse_batches` applies it to Arrow batches on the
+executors: in the source's read tasks (its ``transform`` option, with :func:`parser_args` as
+``transformArgs``: plain data, so a read task needs no plan), or after a shared read through
+``mapInArrow`` (:func:`make_parser`, a statement set's).
 """
 
 from __future__ import annotations
@@ -148,36 +150,55 @@ def unheld_time(metadata: dict[str, str], time_error: str | None) -> str | None:
     return "; ".join(found) or None
 
 
+PARSE_TRANSFORM = "pipeline.sql.envelope:parse_batches"  # the source's ``transform`` option
+
+
+def parser_args(plan: Plan) -> dict:
+    """What :func:`parse_batches` needs of a plan, as JSON-ready data (the ``transformArgs``)."""
+    return {"specs": table_specs(plan), "fields": envelope_fields(plan)}
+
+
 def make_parser(plan: Plan):
     """The ``mapInArrow`` function: source batches → envelope batches (runs on the executors)."""
-    specs = table_specs(plan)
-    fields = envelope_fields(plan)
+    args = parser_args(plan)
+    return lambda batches: parse_batches(batches, **args)
 
-    def parse(batches):
-        import pyarrow as pa
 
-        types = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(), "double": pa.float64(),
-                 "boolean": pa.bool_(), "timestamp": pa.timestamp("us", tz="UTC"),
-                 "map<string,string>": pa.map_(pa.string(), pa.string())}
-        schema = pa.schema([(name, types[kind]) for name, kind in fields])
-        for batch in batches:
-            columns = {name: [] for name, _ in fields}
-            for row in batch.to_pylist():
-                spec = specs[row["kind"]]
-                op, values, error = decide_row(spec, row["kind"], row["key"], row["value"])
-                unheld = op == "upsert" and unheld_time(spec["metadata"], row.get("time_error"))
-                if unheld:
-                    op, values, error = "dead", {}, f"table {row['kind']!r}: {unheld}"
-                elif op == "upsert" and spec["metadata"]:
-                    values.update(metadata_values(spec["metadata"], row))
-                published = row.get("publish_time")
-                base = {"key": row["key"], "side": spec["side"], "op": op, "source_partition": row["partition"],
-                        "position": row["position"], "source_topic": row["topic"],
-                        "source_message_id": row["message_id"],
-                        "payload": wire.payload_text(row["value"]) if op == "dead" else None, "error": error,
-                        "published_ms": int(published.timestamp() * 1000) if published is not None else None}
-                for name, _ in fields:
-                    columns[name].append(base[name] if name in base else values.get(name))
-            yield pa.RecordBatch.from_arrays([pa.array(columns[f.name], f.type) for f in schema], schema=schema)
+def arrow_schema(fields):
+    """The Arrow schema of (name, Spark type) fields."""
+    import pyarrow as pa
 
-    return parse
+    types = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(), "double": pa.float64(),
+             "boolean": pa.bool_(), "timestamp": pa.timestamp("us", tz="UTC"),
+             "map<string,string>": pa.map_(pa.string(), pa.string())}
+    return pa.schema([(name, types[kind]) for name, kind in fields])
+
+
+def parse_batches(batches, specs: dict, fields: list):
+    """Source batches → envelope batches, one row per message, in order (runs on the executors).
+
+    ``specs`` and ``fields``: :func:`table_specs` and :func:`envelope_fields` of the plan
+    (:func:`parser_args`), as they come back from JSON.
+    """
+    import pyarrow as pa
+
+    schema = arrow_schema(fields)
+    for batch in batches:
+        columns = {name: [] for name in schema.names}
+        for row in batch.to_pylist():
+            spec = specs[row["kind"]]
+            op, values, error = decide_row(spec, row["kind"], row["key"], row["value"])
+            unheld = op == "upsert" and unheld_time(spec["metadata"], row.get("time_error"))
+            if unheld:
+                op, values, error = "dead", {}, f"table {row['kind']!r}: {unheld}"
+            elif op == "upsert" and spec["metadata"]:
+                values.update(metadata_values(spec["metadata"], row))
+            published = row.get("publish_time")
+            base = {"key": row["key"], "side": spec["side"], "op": op, "source_partition": row["partition"],
+                    "position": row["position"], "source_topic": row["topic"],
+                    "source_message_id": row["message_id"],
+                    "payload": wire.payload_text(row["value"]) if op == "dead" else None, "error": error,
+                    "published_ms": int(published.timestamp() * 1000) if published is not None else None}
+            for name in schema.names:
+                columns[name].append(base[name] if name in base else values.get(name))
+        yield pa.RecordBatch.from_arrays([pa.array(columns[f.name], f.type) for f in schema], schema=schema)

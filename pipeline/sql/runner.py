@@ -2,7 +2,7 @@
 
 ``python -m pipeline sql FILE.sql [--name NAME]`` calls :func:`run_sql_pipeline`. The query::
 
-    pulsar source (one kind per table) ─ mapInArrow(envelope) ─ [Spark: derived columns, WHERE]
+    pulsar source (one kind per table, parsed to envelope rows in its read tasks) ─ [Spark: derived columns, WHERE]
       ─ UpsertJoin (keyed by primary key) [─ GroupAggregate (keyed by group) for GROUP BY ─ Spark: HAVING]
       ─ Spark: SELECT expressions ─ foreachBatch(topic + Parquet sinks)
 
@@ -35,12 +35,12 @@ from pipeline.errors import ConfigError, ControlError, StatefulStreamsError
 from pipeline.runtime.freed_memory import give_back_freed_memory
 from pipeline.metrics import MetricsStore, prune_old_days
 from pipeline.sinks import SinkMaintenance, last_committed_batch
-from pipeline.sql.envelope import envelope_ddl, field_name, make_parser, used_columns
+from pipeline.sql.envelope import field_name, used_columns
 from pipeline.sql.foreign_key import apply_foreign_key_join, foreign_key_fingerprint
 from pipeline.sql.plan import Plan, present_field
 from pipeline.sql.progress import build_sql_progress_row
 from pipeline.sql.settings import state_ttl_ms
-from pipeline.sql.source import read_source
+from pipeline.sql.source import read_parsed, read_source
 from pipeline.sql.statement_set import build_set_frame, result_sink, write_set_batch
 from pipeline.sql.sink import (SqlSinkWriter, build_dead_letters, build_messages, build_result, output_field,
                                send_messages, split_unsendable)
@@ -264,16 +264,20 @@ def source_tables(plans: tuple[Plan, ...]) -> list:
     return list(found.values())
 
 
-def build_query(spark, settings: Settings, plans: tuple[Plan, ...], name: str, service_url: str, writer: SqlSinkWriter,
-                producers: list, guard=lambda write: write):
+def build_frame(spark, settings: Settings, plans: tuple[Plan, ...], name: str, service_url: str):
+    """The query's rows up to the sink. A statement set parses after its one shared read (each
+    INSERT its own envelope); otherwise the source's read tasks parse (``read_parsed``)."""
     if plans[0].temporal is not None:  # one INSERT (script.py refuses one in a statement set)
         from pipeline.sql.temporal_stream import build_temporal_frame
-        out = build_temporal_frame(spark, settings, plans[0], name, service_url)
-    elif len(plans) == 1:
-        source = read_source(spark, settings, source_tables(plans), name, service_url)
-        out = apply_operators(source.mapInArrow(make_parser(plans[0]), envelope_ddl(plans[0])), plans[0])
-    else:
-        out = build_set_frame(read_source(spark, settings, source_tables(plans), name, service_url), plans, apply_operators)
+        return build_temporal_frame(spark, settings, plans[0], name, service_url)
+    if len(plans) == 1:
+        return apply_operators(read_parsed(spark, settings, plans[0], name, service_url), plans[0])
+    return build_set_frame(read_source(spark, settings, source_tables(plans), name, service_url), plans, apply_operators)
+
+
+def build_query(spark, settings: Settings, plans: tuple[Plan, ...], name: str, service_url: str, writer: SqlSinkWriter,
+                producers: list, guard=lambda write: write):
+    out = build_frame(spark, settings, plans, name, service_url)
 
     def write_batch(batch_df, batch_id: int) -> None:
         import time

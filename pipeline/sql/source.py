@@ -3,16 +3,23 @@
 :func:`read_source` is one source for every table a pipeline reads (the usual case);
 :func:`read_topics` and :func:`count_rows` are its two halves, for a pipeline that reads each
 table in a source of its own (a temporal join: one watermark per table, pipeline/sql/temporal_stream.py).
+Given a parser, the source's read tasks parse what they read (its ``transform`` option), so the
+rows leave Python once, as the job's do.
 """
 
 from __future__ import annotations
+
+import json
 
 from pipeline import store
 from pipeline.config import Settings
 
 
-def read_topics(spark, settings: Settings, tables, name: str, service_url: str, stats: str = "source-stats"):
-    """The tables' topics as one streaming source (``stats``: its folder of source statistics).
+def read_topics(spark, settings: Settings, tables, name: str, service_url: str, stats: str = "source-stats",
+                parser: tuple[str, dict, str] | None = None):
+    """The tables' topics as one streaming source (``stats``: its folder of source statistics);
+    ``parser``: (``module:function``, its JSON-ready arguments, the DDL of the rows it yields)
+    run in the read tasks, whose rows the source then gives instead of its own.
 
     # {"kind": "users", "topic": …, "partition": -1, "message_id": "…", "position": 3, "key": "100-1",
     #  "value": b"…"}
@@ -21,17 +28,22 @@ def read_topics(spark, settings: Settings, tables, name: str, service_url: str, 
 
     spark.dataSource.register(PulsarDataSource)
     topics = ",".join(f"{table.name}={table.topic}" for table in tables)
-    return (spark.readStream.format("pulsar").option("service_url", service_url).option("topics", topics)
+    reader = spark.readStream.format("pulsar")
+    if parser is not None:
+        transform, args, ddl = parser
+        reader = reader.schema(ddl).option("transform", transform).option("transformArgs", json.dumps(args))
+    return (reader.option("service_url", service_url).option("topics", topics)
             .option("maxRowsPerBatch", settings["job.max_rows_per_batch"])
             .option("maxBytesPerBatch", settings["job.max_bytes_per_batch"])
             .option("statsDir", str(store.sql_dir(settings.data_dir, name) / stats))
             .option("startingOffsets", "earliest").load())
 
 
-def count_rows(frame, settings: Settings, tables, service_url: str, kind_column: str = "kind",
+def count_rows(frame, settings: Settings, tables, service_url: str, kind_column="kind",
                partition_column: str = "partition"):
     """``frame`` with its rows counted per table and partition: the source's offsets count broker
-    entries; each batch's messages are counted here (pipeline/source/counts.py)."""
+    entries; each batch's messages are counted here (pipeline/source/counts.py). ``kind_column``:
+    the column that holds the table's name, or a Column that gives it."""
     from pipeline.source.counts import list_topic_partitions, observe_rows
 
     partitions = list_topic_partitions(service_url, {t.name: t.topic for t in tables}, settings["pulsar.auth_token"])
@@ -41,3 +53,19 @@ def count_rows(frame, settings: Settings, tables, service_url: str, kind_column:
 def read_source(spark, settings: Settings, tables, name: str, service_url: str):
     """Every table's topic in one source, its rows counted."""
     return count_rows(read_topics(spark, settings, tables, name, service_url), settings, tables, service_url)
+
+
+def read_parsed(spark, settings: Settings, plan, name: str, service_url: str):
+    """Every table of a plan in one source whose read tasks parse each message into its envelope
+    row (pipeline/sql/envelope.py), its rows counted per table (by ``side``) and partition.
+
+    # {"key": "100-1", "side": 0, "op": "upsert", "source_partition": -1, "position": 3, "s0_accountId": "100", …}
+    """
+    from pyspark.sql import functions as F
+
+    from pipeline.sql.envelope import PARSE_TRANSFORM, envelope_ddl, parser_args
+
+    parser = (PARSE_TRANSFORM, parser_args(plan), envelope_ddl(plan))
+    rows = read_topics(spark, settings, plan.sides, name, service_url, parser=parser)
+    kind = F.element_at(F.array(*[F.lit(table.name) for table in plan.sides]), F.col("side") + 1)
+    return count_rows(rows, settings, plan.sides, service_url, kind_column=kind, partition_column="source_partition")
