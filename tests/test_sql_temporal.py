@@ -140,6 +140,9 @@ def test_changelog_of_each_temporal_join(case, settings_factory, broker, spark):
             on_topic = wait_for(arrived, 240 if step == 0 else 120, what=f"{case.name} step {step}")
             assert len(on_topic) == len(expected) and sorted(on_topic[done:]) == expected[done:], f"step {step}"
         current = running.result(settings, case.name)
+        query = next(q for q in spark.streams.active if q.name == f"sql-{case.name}")
+        # each table's source parses in its read tasks: no Python stage after the read
+        assert "MapInArrow" not in query._jsq.streamingQuery().lastExecution().executedPlan().toString()
     table = latest_per_key(expected)
     assert sorted(current, key=lambda r: r["id"]) == [table[k] for k in sorted(table)]
 
@@ -177,24 +180,44 @@ def test_refused_at_check(orders, users, join, as_of, error):
 
 
 def test_a_rows_time_is_its_time_attribute_a_tombstones_its_message_time_and_none_makes_a_dead_letter():
-    from pipeline.sql.temporal_stream import decide_times
+    from pipeline.sql.temporal_stream import decide_times, time_specs
 
-    plan = build_plan(CASES[0].sql())
+    times = time_specs(build_plan(CASES[0].sql()))
     base = {"key": "o1", "side": 0, "op": "upsert", "published_ms": T + 9000, "payload": None, "error": None}
-    timed = decide_times(plan, dict(base, s0_ts="2023-11-14 22:13:22.500"), {"event_time": None, "value": b"{}"})
+    timed = decide_times(times, dict(base, s0_ts="2023-11-14 22:13:22.500"), {"event_time": None, "value": b"{}"})
     assert timed["event_ms"] == T + 2500 and timed["kind"] == "orders"
-    iso = decide_times(plan, dict(base, s0_ts="2023-11-14T23:13:22.500+01:00"), {"event_time": None, "value": b"{}"})
+    iso = decide_times(times, dict(base, s0_ts="2023-11-14T23:13:22.500+01:00"), {"event_time": None, "value": b"{}"})
     assert iso["event_ms"] == T + 2500
     # a tombstone has no payload: its message's event time, else its publish time
-    assert decide_times(plan, dict(base, op="delete"), {"event_time": T + 7000, "value": b""})["event_ms"] == T + 7000
-    assert decide_times(plan, dict(base, op="delete"), {"event_time": None, "value": b""})["event_ms"] == T + 9000
-    unread = decide_times(plan, dict(base, s0_ts="yesterday"), {"event_time": None, "value": b'{"ts":"yesterday"}'})
+    assert decide_times(times, dict(base, op="delete"), {"event_time": T + 7000, "value": b""})["event_ms"] == T + 7000
+    assert decide_times(times, dict(base, op="delete"), {"event_time": None, "value": b""})["event_ms"] == T + 9000
+    unread = decide_times(times, dict(base, s0_ts="yesterday"), {"event_time": None, "value": b'{"ts":"yesterday"}'})
     assert (unread["op"], unread["payload"]) == ("dead", '{"ts":"yesterday"}')
     assert unread["error"] == ("table 'orders' column 'ts': expected TIMESTAMP(3) text such as "
                                "'2024-05-01 12:00:00.000', got 'yesterday'")
     versioned = dict(base, side=1, key="u1", s1_changed=None)
-    assert decide_times(plan, versioned, {"event_time": None, "value": b"{}"})["error"] == (
+    assert decide_times(times, versioned, {"event_time": None, "value": b"{}"})["error"] == (
         "table 'users': its time attribute 'changed' is NULL; a temporal join places each row at its time")
+
+
+def test_the_sources_parse_step_makes_each_message_one_row_and_an_unreadable_time_a_dead_letter():
+    import pyarrow as pa
+
+    from pipeline.source.options import load_transform
+    from pipeline.sql.temporal_stream import PARSE_TRANSFORM, timed_parser_args
+
+    # as the read tasks run it: the source's transform option, its arguments through JSON
+    parse = load_transform(PARSE_TRANSFORM, json.dumps(timed_parser_args(build_plan(CASES[0].sql()))))
+    source = pa.RecordBatch.from_pylist([
+        {"kind": "orders", "key": key, "value": value, "partition": -1, "position": n, "topic": "orders",
+         "message_id": f"1:{n}:-1", "publish_time": None, "event_time": T}
+        for n, (key, value) in enumerate([("o1", b'{"id":"o1","ts":"2023-11-14 22:13:22.500"}'),
+                                          ("o2", b'{"id":"o2","ts":"yesterday"}'), ("o3", b"")])])
+    [parsed] = list(parse(iter([source])))
+    rows = parsed.to_pylist()
+    assert [(r["key"], r["op"], r["event_ms"]) for r in rows] == [("o1", "upsert", T + 2500), ("o2", "dead", None),
+                                                                  ("o3", "delete", T)]
+    assert rows[1]["s0_ts"] is None and rows[1]["payload"] == '{"id":"o2","ts":"yesterday"}'
 
 
 def test_the_example_passes_check_and_its_samples_are_its_tables():

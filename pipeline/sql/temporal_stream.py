@@ -8,6 +8,8 @@ pipeline/sql/temporal.py's. The query::
       watermark) ─ WHERE on the driving table ─ VersionedLookup (keyed by the join value)
       ─ matched? ─ UpsertJoin (keyed by the driving key) ─ SELECT expressions ─ sink (a join's)
 
+- Parse + times run in each source's read tasks (its ``transform``: :func:`parse_timed_batches`).
+
 - Times: a row's time is its time attribute; a tombstone (no payload) is placed at its message's
   event time, or its publish time when the producer set none. An upsert whose time attribute is
   NULL or unreadable is a dead letter: it cannot be placed in time.
@@ -34,7 +36,7 @@ from datetime import datetime, timezone
 
 from pipeline import wire
 from pipeline.config import Settings
-from pipeline.sql.envelope import envelope_fields, make_parser, used_columns
+from pipeline.sql.envelope import BASE_FIELDS, arrow_schema, envelope_fields, parse_batches, parser_args, used_columns
 from pipeline.sql.plan import Plan, field_name
 
 WATERMARK_COLUMN = "_watermark_time"
@@ -59,28 +61,36 @@ def parse_timestamp(text: str) -> datetime:
     return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
 
 
-def decide_times(plan: Plan, row: dict, message: dict) -> dict:
+def time_specs(plan: Plan) -> list[dict]:
+    """What :func:`decide_times` needs of each side, as JSON-ready data: its table's name, time
+    attribute and TIMESTAMP(3) payload columns."""
+    return [{"table": t.name, "time": t.watermark[0],
+             "timestamps": [c.name for c in t.payload_columns if c.spark_type == "timestamp"]} for t in plan.sides]
+
+
+def decide_times(times: list[dict], row: dict, message: dict) -> dict:
     """One envelope row with its ``event_ms`` (and its TIMESTAMP(3) text parsed), or made a dead
-    letter when its time cannot be read. Pure; runs on the executors.
+    letter when its time cannot be read (``times``: :func:`time_specs`). Pure; runs on the executors.
 
     # row: {"side": 0, "op": "upsert", "s0_order_time": "2024-05-01 12:00:00.000", …}
     # -> {"side": 0, "op": "upsert", "s0_order_time": datetime(2024, 5, 1, 12, tzinfo=UTC), "event_ms": 1714564800000}
     """
-    side, table = row["side"], plan.sides[row["side"]]
-    time_field = field_name(side, table.watermark[0])
-    row["kind"] = table.name
+    side, spec = row["side"], times[row["side"]]
+    time_field = field_name(side, spec["time"])
+    row["kind"] = spec["table"]
     if row["op"] == "upsert":
-        for column in table.payload_columns:
-            name, text = field_name(side, column.name), row.get(field_name(side, column.name))
-            if column.spark_type == "timestamp" and isinstance(text, str):
+        for column in spec["timestamps"]:
+            name = field_name(side, column)
+            text = row.get(name)
+            if isinstance(text, str):
                 try:
                     row[name] = parse_timestamp(text)
                 except ValueError:
                     shown = text if len(text) <= 40 else text[:37] + "..."
-                    return _dead(row, message, f"table {table.name!r} column {column.name!r}: expected TIMESTAMP(3) "
+                    return _dead(row, message, f"table {spec['table']!r} column {column!r}: expected TIMESTAMP(3) "
                                                f"text such as '2024-05-01 12:00:00.000', got {shown!r}")
         if row.get(time_field) is None:
-            return _dead(row, message, f"table {table.name!r}: its time attribute {table.watermark[0]!r} is NULL; a "
+            return _dead(row, message, f"table {spec['table']!r}: its time attribute {spec['time']!r} is NULL; a "
                                        "temporal join places each row at its time")
         row["event_ms"] = int(row[time_field].timestamp() * 1000)
     elif row["op"] == "delete":
@@ -89,29 +99,33 @@ def decide_times(plan: Plan, row: dict, message: dict) -> dict:
 
 
 def _dead(row: dict, message: dict, error: str) -> dict:
-    return dict(row, op="dead", error=error, payload=wire.payload_text(message["value"]), event_ms=None)
+    """The row as a dead letter: its message's facts and payload, no table values (as the envelope
+    parser's dead rows: a TIMESTAMP(3) column's unread text fits no timestamp)."""
+    kept = {name: row[name] for name, _ in BASE_FIELDS if name in row}
+    return dict(kept, kind=row["kind"], op="dead", error=error, payload=wire.payload_text(message["value"]),
+                event_ms=None)
 
 
-def make_temporal_parser(plan: Plan):
-    """The ``mapInArrow`` function of a temporal join's sources: the envelope parser's rows
-    (pipeline/sql/envelope.py, one per message, in order) with their times (runs on the executors)."""
-    parse = make_parser(as_text(plan))
-    fields = envelope_fields(plan) + EXTRA_FIELDS
+PARSE_TRANSFORM = "pipeline.sql.temporal_stream:parse_timed_batches"  # the sources' ``transform`` option
 
-    def run(batches):
-        import pyarrow as pa
 
-        types = {"string": pa.string(), "int": pa.int32(), "bigint": pa.int64(), "double": pa.float64(),
-                 "boolean": pa.bool_(), "timestamp": pa.timestamp("us", tz="UTC"),
-                 "map<string,string>": pa.map_(pa.string(), pa.string())}
-        schema = pa.schema([(name, types[kind]) for name, kind in fields])
-        for batch in batches:
-            messages = batch.select(["event_time", "value"]).to_pylist()
-            for parsed in parse(iter([batch])):
-                rows = [decide_times(plan, row, message) for row, message in zip(parsed.to_pylist(), messages)]
-                yield pa.RecordBatch.from_pylist(rows, schema=schema)
+def timed_parser_args(plan: Plan) -> dict:
+    """What :func:`parse_timed_batches` needs of a plan, as JSON-ready data (the ``transformArgs``)."""
+    return {"parser": parser_args(as_text(plan)), "fields": envelope_fields(plan) + EXTRA_FIELDS,
+            "times": time_specs(plan)}
 
-    return run
+
+def parse_timed_batches(batches, parser: dict, fields: list, times: list[dict]):
+    """A temporal join's parse step, in its sources' read tasks: the envelope parser's rows
+    (pipeline/sql/envelope.py, one per message, in order) with their times (:func:`timed_parser_args`)."""
+    import pyarrow as pa
+
+    schema = arrow_schema(fields)
+    for batch in batches:
+        messages = batch.select(["event_time", "value"]).to_pylist()
+        for parsed in parse_batches(iter([batch]), **parser):
+            rows = [decide_times(times, row, message) for row, message in zip(parsed.to_pylist(), messages)]
+            yield pa.RecordBatch.from_pylist(rows, schema=schema)
 
 
 def temporal_ddl(plan: Plan) -> str:
@@ -126,8 +140,9 @@ def build_temporal_frame(spark, settings: Settings, plan: Plan, name: str, servi
 
     frames = []
     for side, table in enumerate(plan.sides):
-        rows = read_topics(spark, settings, [table], name, service_url, stats=f"source-stats-{side}")
-        rows = rows.mapInArrow(make_temporal_parser(plan), temporal_ddl(plan))
+        # {"key": "o1", "side": 0, "op": "upsert", …, "kind": "orders", "event_ms": 1714564800000}
+        rows = read_topics(spark, settings, [table], name, service_url, stats=f"source-stats-{side}",
+                           parser=(PARSE_TRANSFORM, timed_parser_args(plan), temporal_ddl(plan)))
         # the table's watermark: its newest time minus its delay (Spark keeps the least of the two nodes)
         frames.append(rows.withColumn(WATERMARK_COLUMN, F.timestamp_millis("event_ms"))
                       .withWatermark(WATERMARK_COLUMN, f"{int(table.watermark[1])} milliseconds"))
