@@ -14,7 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from bench.common import _is_jvm, job_memory, load_average, process_tree, pss_bytes, rss_bytes
+from bench.common import _is_jvm, _processes, job_memory, load_average, process_tree, pss_bytes, rss_bytes
 from pipeline import store
 from pipeline.metrics_tail import parse_lines, tail_lines
 
@@ -76,7 +76,11 @@ def sample(began: float, procs: dict[str, int], job_pid: int, data_dir: Path, br
 
 
 def _job_jvm(job_pid: int) -> int | None:
-    jvms = [pid for pid, cmdline in process_tree(job_pid).items() if pid != job_pid and _is_jvm(cmdline)]
+    """The driver JVM under the job: not a fork of it still running its command line (Hadoop forks
+    ``chmod``; the lowest pid was one once the pids wrapped, and jcmd failed on it)."""
+    table = _processes()
+    jvms = [pid for pid, cmdline in process_tree(job_pid, table).items()
+            if pid != job_pid and _is_jvm(cmdline) and not _is_jvm(table.get(table[pid][0], (0, ""))[1])]
     return min(jvms) if jvms else None
 
 
