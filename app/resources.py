@@ -29,9 +29,17 @@ def get_settings() -> Settings:
     return load_settings()
 
 
-@st.cache_resource(show_spinner=False)
+# The connection caches each Parquet file's footer (app/sources.py), also for the files compaction
+# has since replaced, and DuckDB keeps that cache up to its memory limit (80% of the RAM): the
+# exporter's grew 2.6 MB a minute at 2,000 orders/s (bench/README.md, issue 28). A new connection
+# every hour starts an empty cache: the console holds at most an hour of replaced files' footers.
+CONNECTION_TTL_S = 3600
+
+
+@st.cache_resource(show_spinner=False, ttl=CONNECTION_TTL_S)
 def get_connection() -> duckdb.DuckDBPyConnection:
-    """The one DuckDB connection of this process; use a cursor of it per query."""
+    """The DuckDB connection of this process (a new one every :data:`CONNECTION_TTL_S`); use a
+    cursor of it per query."""
     return sources.connect()
 
 
