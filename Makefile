@@ -69,8 +69,9 @@ apache-pulsar: $(STAMP)
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq maven >/dev/null; }
 	@$(PY) -m pipeline.feed.apache_broker fetch >/dev/null
 
-# Five pytest sessions in three lanes side by side: the job's services tests; the SQL pipelines'
-# then the demo, chaos and cluster tests; the Apache Pulsar tier then the fast tier (tests/tiers.py).
+# Six pytest sessions in three lanes side by side: the job's services tests; the SQL pipelines'
+# then the demo, chaos and cluster tests; the Apache Pulsar tier, the fast tier, then the backlog
+# tests (tests/tiers.py).
 test: setup apache-pulsar
 	$(PY) -m tests.tiers
 
