@@ -297,3 +297,37 @@ def test_planning_says_once_a_minute_when_the_clock_is_late(tmp_path, monkeypatc
     with caplog.at_level("WARNING", logger=datasource.__name__):
         reader._take_clock(start, json.loads(json.dumps(start)))
     assert reader._late_clocks == 3 and not caplog.records
+
+
+def subscription_names(broker_dir, topic: str) -> set[str]:
+    """The subscription names pulsar-lite's metadata file holds for ``topic`` (it keeps every one)."""
+    metadata = json.loads((broker_dir / "db.metadata.json").read_text())
+    tenant, namespace, name = topic.removeprefix("persistent://").split("/")
+    return {sub for store in metadata.values() if isinstance(store, dict)
+            for sub in store.get(tenant, {}).get(namespace, {}).get("persistent", {}).get(name, {}).get("subscriptions", {})}
+
+
+def test_planning_leaves_no_consumer_on_the_driver_and_no_new_subscription_per_batch(broker, unique_topics):
+    """Issue 28: the driver's client kept every probe consumer (51 KB a plan of three partitions), and
+    each probe's new subscription name grew pulsar-lite's metadata file, which it rewrites on every
+    subscribe (a plan took 8 ms, then 30 ms after 3,000)."""
+    from pipeline.source.connection import pulsar_client
+
+    topics = unique_topics()
+    reader = make_reader(broker.service_url, topics, maxRowsPerBatch=100, changelogs="users,items")
+    start = reader.initialOffset()
+    client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        producers = {kind: client.create_producer(topic, batching_enabled=False) for kind, topic in topics.items()}
+        for n in range(25):
+            for producer in producers.values():
+                producer.send(b"{}", partition_key=str(n))  # planning reads no payload
+            end = reader.latestOffset(start, reader.getDefaultReadLimit())
+            assert end != start  # each plan found the new entries
+            start = end
+    finally:
+        client.close()
+    # pulsar-client's Client keeps a consumer until its close() returns; the driver's lives on
+    assert pulsar_client(broker.service_url)._consumers == []
+    for topic in topics.values():
+        assert len([name for name in subscription_names(broker.broker_dir, topic) if name.startswith("ss-probe-")]) == 1

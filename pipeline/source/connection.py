@@ -97,6 +97,21 @@ def open_on_own_connection(service_url: str, name: str, start_id: str, receiver_
         raise
 
 
+def release(client, handle) -> None:
+    """Close a consumer or reader made by a client that lives on, and make the client forget it.
+
+    pulsar-client 3.13's ``Client`` keeps every consumer and reader it made in a list until that
+    one's ``close()`` returns: ``unsubscribe()`` leaves it there, and so does a ``close()`` that
+    raises. The driver's client lives as long as the job and makes a probe consumer per
+    partition per batch (probes.py), so each stayed, with its C++ consumer: 51 KB a plan of three
+    partitions, about 180 MB an hour at a 0.5 s trigger (issue 28).
+    """
+    close_quietly(handle)
+    kept = getattr(client, "_consumers", None)
+    if isinstance(kept, list) and handle in kept:
+        kept.remove(handle)
+
+
 def close_quietly(*closeables) -> None:
     """Close readers and clients; closing one of a dead broker must not mask the real error."""
     for closeable in closeables:
