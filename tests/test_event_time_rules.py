@@ -183,3 +183,20 @@ def test_a_late_version_is_stored_and_counted_once():
     order_row = {**envelope("orders", None, None, T0 + 9_000, 1, 70), "late": None}
     [decided] = model.process([{**order_row, "user_id": 7}], watermark)
     assert (decided["user_first_name"], decided["user_as_of"]) == ("Ann", T0 + 8_500)
+
+
+def test_a_late_order_is_joined_with_the_versions_held_when_asked_as_flinks_temporal_join():
+    """``join_late`` (the SQL temporal join): a late order is decided at once with what the key
+    holds; one older than the version kept at the pruning horizon finds none."""
+    versions = [version_row(USERS, 7, T0 + 1_000, 1, "Ann"), version_row(USERS, 7, T0 + 5_000, 2, "Bo")]
+    late_orders = [{**envelope("orders", None, None, T0 + at, 1, n), "late": None, "user_id": 7}
+                   for n, at in ((71, 7_000), (72, 2_000))]
+    decided = {}
+    for join_late in (True, False):
+        model = event_rules.VersionedLookupModel(USERS, max_wait_ms=0, allowed_lateness_ms=0, join_late=join_late)
+        model.process(versions, T0)
+        model.process([], T0 + 11_000)  # Ann is pruned: Bo is current at the horizon
+        decided[join_late] = [(row["late"], row["user_state"], row["user_first_name"], row["user_as_of"])
+                              for row in model.process(late_orders, T0 + 11_000)]
+    assert decided[True] == [(1, "found", "Bo", T0 + 5_000), (1, "missing", None, None)]
+    assert decided[False] == [(1, "late", None, None)] * 2

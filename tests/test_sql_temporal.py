@@ -76,9 +76,12 @@ FIRST = (user("u1", "ada", T + 1000), user("u1", "ADA", T + 5000), user("u2", "b
          user("u2", None, T + 4000), order("o1", "u1", T + 2000), order("o2", "u1", T + 6000),
          order("o3", "u1", T + 500), order("o4", "u2", T + 3500), order("o5", "u2", T + 4500),
          order("o6", "u3", T + 2000), *past(T + 10_000))
-# Then a late order (its time below the watermark when read); o8 on time, after ada's change; o1
-# deleted; and the first step's tick order, which the watermark passes now.
-LATER = (order("o7", "u1", T + 2000), order("o8", "u1", T + 14_000, 2.0), gone("o1", T + 13_000), *past(T + 20_000))
+# Then two late orders (their times below the watermark, T+11 s, when read): o9 after ada's change,
+# which u1 still holds (the version current at the horizon is kept), and o7 before it, whose
+# version is pruned; o8 on time, after ada's change; o1 deleted; and the first step's tick order,
+# which the watermark passes now.
+LATER = (order("o7", "u1", T + 2000), order("o9", "u1", T + 7000), order("o8", "u1", T + 14_000, 2.0),
+         gone("o1", T + 13_000), *past(T + 20_000))
 
 
 @dataclass(frozen=True)
@@ -96,13 +99,14 @@ CASES = [
     Case("left_join", "LEFT JOIN", (
         (FIRST, (row("o1", "u1", "ada"), row("o2", "u1", "ADA"), row("o3", "u1", None), row("o4", "u2", "bob"),
                  row("o5", "u2", None), row("o6", "u3", None))),
-        # LEFT pads the late order with NULLs (Flink would join it with the version it still keeps)
-        (LATER, (("o1", ""), row("o7", "u1", None), row("o8", "u1", "ADA", 2.0), ticked(T + 10_000))),
+        # a late order is joined with the version still held (as Flink's), else LEFT pads it with NULLs
+        (LATER, (("o1", ""), row("o7", "u1", None), row("o9", "u1", "ADA"), row("o8", "u1", "ADA", 2.0),
+                 ticked(T + 10_000))),
     )),
     Case("inner_join_through_a_batching_producer", "JOIN", (
         (FIRST, (row("o1", "u1", "ada"), row("o2", "u1", "ADA"), row("o4", "u2", "bob"))),
-        # INNER drops the late order
-        (LATER, (("o1", ""), row("o8", "u1", "ADA", 2.0), ticked(T + 10_000))),
+        # INNER joins the late order whose version is still held, and drops the other
+        (LATER, (("o1", ""), row("o9", "u1", "ADA"), row("o8", "u1", "ADA", 2.0), ticked(T + 10_000))),
     ), batching=True),
 ]
 

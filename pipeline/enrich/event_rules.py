@@ -144,12 +144,16 @@ class VersionedLookupModel:
     are due. An order's decision depends only on the versions up to its time (+ max_wait), never
     on batch sizes or read interleavings, as long as versions keep within the out-of-orderness
     and the order is neither late nor from the future (:func:`is_future`, with
-    ``future_after_ms``) when first judged.
+    ``future_after_ms``) when first judged. With ``join_late`` a late order is decided at once
+    with the versions held (pruning has kept the one current at the horizon), as Flink's
+    temporal join does.
     """
 
-    def __init__(self, lookup: Lookup, max_wait_ms: int, allowed_lateness_ms: int, future_after_ms: int | None = None):
+    def __init__(self, lookup: Lookup, max_wait_ms: int, allowed_lateness_ms: int, future_after_ms: int | None = None,
+                 join_late: bool = False):
         self.lookup, self.max_wait_ms, self.allowed_lateness_ms = lookup, max_wait_ms, allowed_lateness_ms
         self.future_after_ms = future_after_ms
+        self.join_late = join_late  # a late order decided with the versions held (the SQL temporal join)
         self.versions: dict[int, list[Version]] = {}
         self.waiting: dict[int, list[dict]] = {}
         self.late_versions = 0  # versions older than the watermark - allowed lateness when read
@@ -168,7 +172,10 @@ class VersionedLookupModel:
                 if row["late"] is None:
                     row = {**row, "late": order_flag(row["event_ms"], watermark_ms, self.allowed_lateness_ms,
                                                      self.future_after_ms)}
-                if row["late"] == LATE_FLAG:
+                if row["late"] == LATE_FLAG and self.join_late:
+                    out.append(self._decide(row, *version_at(self.versions.get(key, []), row["event_ms"],
+                                                             self.max_wait_ms)))
+                elif row["late"] == LATE_FLAG:
                     out.append(self._decide(row, None, None, 0, LATE))
                 elif row["late"] == FUTURE_FLAG:
                     out.append(self._decide(row, None, None, 0, FUTURE))

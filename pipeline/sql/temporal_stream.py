@@ -21,8 +21,9 @@ pipeline/sql/temporal.py's. The query::
   (``maxWait`` 0: none after it). Its key is a whole number, so the join value is keyed by its
   64-bit hash, and the version's own key is carried with it: a version of another key that
   shares the hash is never joined (the row becomes a dead letter naming it).
-- A driving row first read below the watermark is late: joined with no version (INNER drops it,
-  LEFT pads it with NULLs). Flink would still join it with the versions it keeps.
+- A driving row first read below the watermark is late: joined at once with the versions the
+  join value still holds (``joinLate``), as Flink's: those at or after the watermark, and the one
+  current at it. A row older than that one finds none (INNER drops it, LEFT pads it with NULLs).
 - The decided rows go through an UpsertJoin keyed by the driving table's key, with the row as it
   was sent before: per key the row decided last is the result (of one batch, the one read last);
   a driving tombstone, decided at its time too, deletes the key's row; an INNER row without a
@@ -179,7 +180,8 @@ def apply_temporal_join(rows, plan: Plan):
     state = [field_name(s, c) for s, c in used if s == 1] + ["version_key"]
     spec = (jvm.LookupSpec().key("join_hash").role("lookup_role").state(state).found("found")
             .firstSeen("first_seen_ms").waited("waited_ms").readOrder(["source_partition", "position"]).maxWaitMs(0)
-            .eventMs("event_ms").late("late").asOf("as_of").allowedLatenessMs(0).futureAfterMs(NEVER_FUTURE_MS))
+            .eventMs("event_ms").late("late").asOf("as_of").allowedLatenessMs(0).futureAfterMs(NEVER_FUTURE_MS)
+            .joinLate(True))
     out = DataFrame(jvm.VersionedLookup.apply(rows._jdf, spec), spark)
     # the versioned table's rows come out only as late versions (stored all the same): dropped
     out = out.where((side == 0) | (op == "dead"))

@@ -21,6 +21,7 @@ public final class LookupSpec implements Serializable {
   String key, role, found, firstSeen, waited, eventMs, late, asOf;
   List<String> state = List.of(), readOrder = List.of();
   long maxWaitMs, allowedLatenessMs, futureAfterMs;
+  boolean joinLate;
 
   /** The key column: the operator runs once per key (null keys as 0). */
   public LookupSpec key(String column) { key = column; return this; }
@@ -60,4 +61,10 @@ public final class LookupSpec implements Serializable {
 
   /** Event time: how far past the watermark an order's time may be before it is from the future. */
   public LookupSpec futureAfterMs(long ms) { futureAfterMs = ms; return this; }
+
+  /**
+   * Event time: a late lookup row is decided at once with the versions the key still holds (as
+   * Flink's temporal join does), instead of with none ({@code late}). Its late column stays 1.
+   */
+  public LookupSpec joinLate(boolean join) { joinLate = join; return this; }
 }

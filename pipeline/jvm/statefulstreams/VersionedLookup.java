@@ -66,7 +66,9 @@ import statefulstreams.Rows.Field;
  *       once, with the late column 1, so the caller can count it and drop it.</li>
  *   <li>An order seen for the first time (late column null) is late when its time is below
  *       watermark - allowedLateness: it is emitted at once with found = {@code late} and no
- *       state, and a later lookup passes it on as late. Late orders are never dropped.</li>
+ *       state, and a later lookup passes it on as late. Late orders are never dropped. With
+ *       {@code joinLate} (the SQL temporal join) it is emitted at once decided with the versions
+ *       the key still holds instead, its late column 1.</li>
  *   <li>An order is from the future when the watermark is above 0 (every changelog partition
  *       has a time) and its time is more than futureAfter (the out-of-orderness + the future
  *       horizon) past the watermark: it is emitted at once with found = {@code future} and no
@@ -96,6 +98,7 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
   private final LookupColumns columns;
   private final Field eventMs, late, asOf;
   private final long maxWaitMs, allowedLatenessMs, futureAfterMs;
+  private final boolean joinLate;
   // A version row: version_ms, the read order columns (read_0, ...), tombstone, the state columns.
   private final KeyHistory.Columns version;
   private transient ListState<Row> versions;
@@ -111,6 +114,7 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
     this.maxWaitMs = spec.maxWaitMs;
     this.allowedLatenessMs = spec.allowedLatenessMs;
     this.futureAfterMs = spec.futureAfterMs;
+    this.joinLate = spec.joinLate;
     this.version = new KeyHistory.Columns(columns);
     this.headLayout = new VersionHead.Layout(version.schema);
   }
@@ -160,7 +164,7 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
       long flag = late.isNull(row) ? flag(time, watermark) : late.getLong(row);
       Row judged = Rows.with(row, late, flag, columns.schema);
       if (flag == LATE_FLAG) {
-        out.add(decide(judged, null, LookupOutcome.LATE));
+        out.add(joinLate ? decideWithHeld(judged, call) : decide(judged, null, LookupOutcome.LATE));
       } else if (flag == FUTURE_FLAG) {
         out.add(decide(judged, null, LookupOutcome.FUTURE));
       } else if (!decideIfDue(judged, call, watermark, out)) {
@@ -306,23 +310,35 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
       return false;
     }
     List<Row> held = call.history.covering(time);
+    if (currentAt(held, time) == null && maxWaitMs > 0 && watermark <= time + maxWaitMs) {
+      return false;
+    }
+    out.add(decideWith(row, held, time));
+    return true;
+  }
+
+  /** A late order decided now with the versions the key holds (option {@code joinLate}). */
+  private Row decideWithHeld(Row row, KeyCall call) {
+    long time = eventMs.getLong(row);
+    return decideWith(row, call.history.covering(time), time);
+  }
+
+  /**
+   * An order decided with {@code held}: the record current at its time, or the first record
+   * within maxWait after it, or missing.
+   */
+  private Row decideWith(Row row, List<Row> held, long time) {
     Row current = currentAt(held, time);
     if (current != null) {
-      out.add(decide(row, current, null));
-      return true;
-    }
-    if (maxWaitMs > 0 && watermark <= time + maxWaitMs) {
-      return false;
+      return decide(row, current, null);
     }
     for (Row v : held) {
       long at = version.versionMs.getLong(v);
       if (at > time && at <= time + maxWaitMs && !version.tombstone.getBoolean(v)) {
-        out.add(decide(row, v, null));
-        return true;
+        return decide(row, v, null);
       }
     }
-    out.add(decide(row, null, null));
-    return true;
+    return decide(row, null, null);
   }
 
   /** The record version current at {@code time} in {@code held} (null when none, or a tombstone). */
