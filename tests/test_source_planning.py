@@ -331,3 +331,16 @@ def test_planning_leaves_no_consumer_on_the_driver_and_no_new_subscription_per_b
     assert pulsar_client(broker.service_url)._consumers == []
     for topic in topics.values():
         assert len([name for name in subscription_names(broker.broker_dir, topic) if name.startswith("ss-probe-")]) == 1
+
+
+def test_probes_from_many_threads_of_one_process_share_its_subscription_name_in_turn(broker, unique_topics):
+    """One subscription name per process is exclusive on the broker: probes at once must take turns."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pipeline.source.probes import newest_entry
+
+    topic = unique_topics()["orders"]
+    publish(broker.service_url, topic, keyed("orders", [order(1, 1, 1)]))
+    with ThreadPoolExecutor(8) as pool:
+        found = list(pool.map(lambda _: newest_entry(broker.service_url, topic, "-1")[0], range(32)))
+    assert len(set(found)) == 1 and found[0] is not None

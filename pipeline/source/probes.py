@@ -11,6 +11,7 @@ Only the standard Pulsar protocol is used, so the same code runs on pulsar-lite 
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 
@@ -23,6 +24,7 @@ from pipeline.source.connection import id_text, open_reader, partition_topic, pu
 # metadata file: a new name per probe grew it by 50 bytes a probe, and each plan got slower with
 # them (8 ms to 30 ms after 3,000 plans of three partitions; 4 ms flat with one name).
 PROBE_SUBSCRIPTION = f"ss-probe-{uuid.uuid4().hex[:16]}"
+_probing = threading.Lock()
 
 
 def find_position_before(service_url: str, topic: str, partition: str, time_ms: int, timeout_s: float = 120.0) -> str:
@@ -67,20 +69,21 @@ def newest_entry(service_url: str, topic: str, partition: str) -> tuple[str | No
     """
     client = pulsar_client(service_url)
     name = partition_topic(topic, partition)
-    try:
-        consumer = client.subscribe(name, PROBE_SUBSCRIPTION, receiver_queue_size=0)
-    except Exception as exc:
-        raise SourceError(f"cannot ask {service_url!r} for the newest entry of {topic!r}: {exc}") from exc
-    try:
-        mid = consumer.get_last_message_id()
-    except Exception:  # pulsar-lite raises on an empty topic
-        return None, None
-    finally:
+    with _probing:  # the subscription is exclusive: two threads of a process must not share it at once
         try:
-            consumer.unsubscribe()
-        except Exception:  # noqa: BLE001 - the broker may refuse; closing is enough then
-            pass
-        release(client, consumer)  # closed either way, or the client keeps it (and its memory) for good
+            consumer = client.subscribe(name, PROBE_SUBSCRIPTION, receiver_queue_size=0)
+        except Exception as exc:
+            raise SourceError(f"cannot ask {service_url!r} for the newest entry of {topic!r}: {exc}") from exc
+        try:
+            mid = consumer.get_last_message_id()
+        except Exception:  # pulsar-lite raises on an empty topic
+            return None, None
+        finally:
+            try:
+                consumer.unsubscribe()
+            except Exception:  # noqa: BLE001 - the broker may refuse; closing is enough then
+                pass
+            release(client, consumer)  # closed either way, or the client keeps it (and its memory) for good
     if mid.entry_id() < 0 or mid.ledger_id() < 0:
         return None, None
     size = mid.batch_index() + 1 if mid.batch_index() >= 0 else None
