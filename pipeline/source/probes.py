@@ -11,6 +11,7 @@ Only the standard Pulsar protocol is used, so the same code runs on pulsar-lite 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -23,8 +24,16 @@ from pipeline.source.connection import id_text, open_reader, partition_topic, pu
 # again under the same name. pulsar-lite 0.2.0 keeps every subscription name it has seen in its
 # metadata file: a new name per probe grew it by 50 bytes a probe, and each plan got slower with
 # them (8 ms to 30 ms after 3,000 plans of three partitions; 4 ms flat with one name).
-PROBE_SUBSCRIPTION = f"ss-probe-{uuid.uuid4().hex[:16]}"
+_probe_name: tuple[int, str] | None = None  # (pid, name): a forked child makes its own
 _probing = threading.Lock()
+
+
+def probe_subscription() -> str:
+    """This process's probe subscription name, ``ss-probe-<random>``."""
+    global _probe_name
+    if _probe_name is None or _probe_name[0] != os.getpid():
+        _probe_name = (os.getpid(), f"ss-probe-{uuid.uuid4().hex[:16]}")
+    return _probe_name[1]
 
 
 def find_position_before(service_url: str, topic: str, partition: str, time_ms: int, timeout_s: float = 120.0) -> str:
@@ -71,7 +80,7 @@ def newest_entry(service_url: str, topic: str, partition: str) -> tuple[str | No
     name = partition_topic(topic, partition)
     with _probing:  # the subscription is exclusive: two threads of a process must not share it at once
         try:
-            consumer = client.subscribe(name, PROBE_SUBSCRIPTION, receiver_queue_size=0)
+            consumer = client.subscribe(name, probe_subscription(), receiver_queue_size=0)
         except Exception as exc:
             raise SourceError(f"cannot ask {service_url!r} for the newest entry of {topic!r}: {exc}") from exc
         try:
