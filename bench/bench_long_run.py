@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -82,6 +83,29 @@ def spawn(command: list[str], env: dict, log_path: Path) -> subprocess.Popen:
     log = open(log_path, "ab")
     return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True, preexec_fn=die_with_parent)
+
+
+def jvm_environment(assignments: list[str], work: Path) -> dict[str, str]:
+    """What the job process needs so that ``KEY=VALUE`` (``--jvm-env``) reaches its driver JVM only.
+
+    spark-submit runs ``$JAVA_HOME/bin/java``: a JAVA_HOME whose ``bin/java`` exports the variables
+    and runs the real java (which spark-submit's launcher also runs, for a moment). The JVM's
+    Python workers would inherit them, so their interpreter (PYSPARK_PYTHON) is a script that
+    unsets them first; the job's own Python process never has them. For an allocator experiment,
+    e.g. ``--jvm-env LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2``."""
+    if not assignments:
+        return {}
+    pairs = dict(item.split("=", 1) for item in assignments)
+    real = Path(shutil.which("java") or "java").resolve()
+    home = work / "jvm-env"
+    (home / "bin").mkdir(parents=True)
+    exports = "".join(f"export {key}={shlex.quote(value)}\n" for key, value in pairs.items())
+    java, python = home / "bin" / "java", home / "python"
+    java.write_text(f"#!/bin/sh\n{exports}exec {shlex.quote(str(real))} \"$@\"\n")
+    python.write_text(f"#!/bin/sh\nunset {' '.join(pairs)}\nexec {shlex.quote(sys.executable)} \"$@\"\n")
+    for script in (java, python):
+        script.chmod(0o755)
+    return {"JAVA_HOME": str(home), "PYSPARK_PYTHON": str(python)}
 
 
 def free_port() -> int:
@@ -273,6 +297,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--scrape-seconds", type=float, default=15.0)
     parser.add_argument("--repeats", type=int, default=3, help="warm runs per page (the median is reported)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="another setting of the job")
+    parser.add_argument("--jvm-env", action="append", default=[], metavar="KEY=VALUE", help="an environment variable of "
+                        "the job's driver JVM only, not of its Python processes (an allocator: LD_PRELOAD, MALLOC_CONF)")
     parser.add_argument("--out", type=Path, help="write the JSON here, not bench/results/long_run.json (a look that "
                         "must not replace the hour's figures)")
     args = parser.parse_args(argv)
@@ -301,7 +327,17 @@ def main(argv: list[str] | None = None) -> dict:
         log_path = work / "job.log"
         from bench.bench_latency import start_job_with
 
-        job = start_job_with(settings, log_path, extra)  # --set flags for what tests/jobproc.py does not pass on
+        jvm_env = jvm_environment(args.jvm_env, work)
+        saved = {key: os.environ.get(key) for key in jvm_env}
+        os.environ.update(jvm_env)  # tests/jobproc.py gives the job this process's environment
+        try:
+            job = start_job_with(settings, log_path, extra)  # --set flags for what tests/jobproc.py does not pass on
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
         cleanup.callback(job.stop)
         check = alive(job, log_path)
         loaded = args.users + args.items
@@ -360,7 +396,7 @@ def main(argv: list[str] | None = None) -> dict:
             "date": now_utc(), "machine": machine(), "partial": args.minutes < HOUR_MIN,
             "workload": {"rate": args.rate, "trigger_interval_s": settings["job.trigger_interval"], "minutes": args.minutes,
                          "users": args.users, "items": args.items, "orders_csv": args.orders, "spark_master": "local[2]",
-                         "settings": {**job_settings, **extra}},
+                         "settings": {**job_settings, **extra}, "jvm_env": args.jvm_env},
             "start": start, "end": end,
             "exporter_scrapes": {"count": len(scrapes), "failed": len(scraper.errors), "errors": scraper.errors[:5],
                                  "median_s": round(statistics.median(scrapes), 3) if scrapes else None,

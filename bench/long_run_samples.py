@@ -57,8 +57,12 @@ def newest_batch(data_dir: Path) -> dict:
         return {}
     row = rows[-1]
     backlog = {topic["topic"].rsplit("-", 1)[-1]: topic.get("backlog") for topic in row.get("topics") or []}
-    # with boundedMemoryUsage every operator reports the one shared RocksDB budget's usage
-    rocksdb = max((op.get("memory_bytes") or 0 for op in row.get("state") or []), default=None)
+    # With boundedMemoryUsage Spark reports for each RocksDB instance the shared budget's usage divided
+    # by the instances in the JVM (RocksDBMemoryManager.getInstanceMemoryUsage), and an operator's
+    # memory_bytes sums its partitions' instances: the operators' sum is the whole budget's usage
+    # (the maximum, taken before, was half of it with two operators of two partitions each; issue 28).
+    states = row.get("state") or []
+    rocksdb = sum(op.get("memory_bytes") or 0 for op in states) if states else None
     return {"batch_id": row.get("batch_id"), "batch_duration_ms": row.get("batch_duration_ms"),
             "num_input_rows": row.get("num_input_rows"), "backlog": backlog,
             "rocksdb_memory_mb": None if rocksdb is None else round(rocksdb / 1e6, 1)}
