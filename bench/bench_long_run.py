@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import shutil
 import statistics
 import subprocess
@@ -52,6 +51,7 @@ sys.path[:0] = [str(ROOT)]
 from bench.common import (BenchError, alive, bench_topics, load_average, machine, now_utc, percentile,  # noqa: E402
                           wait_until, write_result)
 from bench.long_run_samples import job_parts, judge_jvm, sample  # noqa: E402
+from bench.jvm_env import driver_jvm_environment  # noqa: E402
 from pipeline import store  # noqa: E402
 from pipeline.config import load_settings  # noqa: E402
 from pipeline.feed.broker import EmbeddedBroker, die_with_parent  # noqa: E402
@@ -83,29 +83,6 @@ def spawn(command: list[str], env: dict, log_path: Path) -> subprocess.Popen:
     log = open(log_path, "ab")
     return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True, preexec_fn=die_with_parent)
-
-
-def jvm_environment(assignments: list[str], work: Path) -> dict[str, str]:
-    """What the job process needs so that ``KEY=VALUE`` (``--jvm-env``) reaches its driver JVM only.
-
-    spark-submit runs ``$JAVA_HOME/bin/java``: a JAVA_HOME whose ``bin/java`` exports the variables
-    and runs the real java (which spark-submit's launcher also runs, for a moment). The JVM's
-    Python workers would inherit them, so their interpreter (PYSPARK_PYTHON) is a script that
-    unsets them first; the job's own Python process never has them. For an allocator experiment,
-    e.g. ``--jvm-env LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2``."""
-    if not assignments:
-        return {}
-    pairs = dict(item.split("=", 1) for item in assignments)
-    real = Path(shutil.which("java") or "java").resolve()
-    home = work / "jvm-env"
-    (home / "bin").mkdir(parents=True)
-    exports = "".join(f"export {key}={shlex.quote(value)}\n" for key, value in pairs.items())
-    java, python = home / "bin" / "java", home / "python"
-    java.write_text(f"#!/bin/sh\n{exports}exec {shlex.quote(str(real))} \"$@\"\n")
-    python.write_text(f"#!/bin/sh\nunset {' '.join(pairs)}\nexec {shlex.quote(sys.executable)} \"$@\"\n")
-    for script in (java, python):
-        script.chmod(0o755)
-    return {"JAVA_HOME": str(home), "PYSPARK_PYTHON": str(python)}
 
 
 def free_port() -> int:
@@ -327,17 +304,8 @@ def main(argv: list[str] | None = None) -> dict:
         log_path = work / "job.log"
         from bench.bench_latency import start_job_with
 
-        jvm_env = jvm_environment(args.jvm_env, work)
-        saved = {key: os.environ.get(key) for key in jvm_env}
-        os.environ.update(jvm_env)  # tests/jobproc.py gives the job this process's environment
-        try:
+        with driver_jvm_environment(args.jvm_env, work):  # tests/jobproc.py gives the job this process's environment
             job = start_job_with(settings, log_path, extra)  # --set flags for what tests/jobproc.py does not pass on
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
         cleanup.callback(job.stop)
         check = alive(job, log_path)
         loaded = args.users + args.items
