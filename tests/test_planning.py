@@ -109,3 +109,9 @@ def test_plans_stay_within_the_caps_and_keep_changelogs_first(available, size_of
         assert plan.shared and plan.held_for > share_after
     if changelogs_done:
         assert plan.held_for == 0 and not plan.shared
+
+
+def test_an_estimate_from_few_batched_entries_admits_few_more_and_one_message_entries_are_not_limited():
+    assert EntrySize(42, 4200, entries=1).most_entries() == planning.RAMP
+    assert EntrySize(1, 300, entries=1).most_entries() is None  # unbatched: each entry one message
+    assert planning.cold_size(None).most_entries() is None  # a guess already errs small

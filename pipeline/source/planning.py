@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 MAX_ENTRY_BYTES = 5 << 20
 # pulsar-client's default batch (batchingMaxMessages): the most messages a cold entry is guessed at.
 COLD_MESSAGES_PER_ENTRY = 1000
+RAMP = 4  # a batch admits at most this many times the entries its partition's estimate was read from
 
 
 @dataclass(frozen=True)
@@ -44,11 +45,21 @@ class EntrySize:
 
     messages: float
     bytes: float
+    entries: int = field(default=0, compare=False)  # how many entries the sample read (0: a guess)
 
     def cost(self, max_messages: int | None, max_bytes: int | None) -> float:
         """The share of a batch's budget one entry takes (> 0)."""
         parts = [self.messages / max_messages if max_messages else 0.0, self.bytes / max_bytes if max_bytes else 0.0]
         return max(max(parts), 1e-12)
+
+    def most_entries(self) -> int | None:
+        """The most entries a batch may admit on this estimate: :data:`RAMP` times the entries it
+        was learnt from (None: no limit, a guess already errs small). A batching producer's first
+        entry is often a short one (42 orders, then entries of about 360: a batch planned on the
+        first read 3,958 orders against a cap of 500), so an estimate from few entries grows the
+        batch step by step. Entries of one message each (pulsar-client's default producer) are
+        what they seem: no limit then."""
+        return RAMP * self.entries if self.entries and self.messages > 1 else None
 
 
 def cold_size(newest_entry_messages: int | None) -> EntrySize:
@@ -149,7 +160,8 @@ def read_sizes(stats_dir: str | None) -> dict[tuple[str, str], EntrySize]:
         try:
             sample = json.loads(path.read_text())
             entries = int(sample["entries"])
-            sizes[(kind, str(int(partition)))] = EntrySize(int(sample["messages"]) / entries, int(sample["bytes"]) / entries)
+            sizes[(kind, str(int(partition)))] = EntrySize(int(sample["messages"]) / entries, int(sample["bytes"]) / entries,
+                                                           entries)
         except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
             continue  # a sample being replaced, or damaged: the cold guess stands in
     return sizes
