@@ -24,7 +24,10 @@ changed since the last one, not the table's history:
   checkpoint of the log carries a tombstone per file replaced within the retention: at a 1 s
   trigger a week's retention was ~600,000 per sink, in every checkpoint a reader loads. Vacuum
   lists the table's folder (``full``), so it also removes what a killed batch or optimize wrote
-  and no commit names, and a savepoint's files once the savepoint is gone.
+  and no commit names, and a savepoint's files once the savepoint is gone. A round reads the
+  savepoints' versions after its compaction and vacuums under :func:`savepoint_versions_lock`,
+  which a take holds while it records them: a savepoint taken mid-round (its version's files just
+  replaced by the compaction) is never vacuumed away (the chaos test once lost one so).
 
 Safe while batches commit (Delta's optimistic concurrency; a batch's commit that meets a round's
 commit is tried again, pipeline/sinks.py) and after a kill at any point: files a killed optimize
@@ -33,6 +36,7 @@ wrote are in no commit, and a later vacuum removes them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -209,6 +213,20 @@ def savepoint_versions(data_dir: Path) -> dict[str, list[int]]:
     return {sink: sorted(versions) for sink, versions in kept.items()}
 
 
+@contextlib.contextmanager
+def savepoint_versions_lock(data_dir: Path):
+    """Held by a savepoint take from reading its sinks' versions until its ``savepoint.json`` is in
+    place, and by a maintenance round from reading every savepoint's versions until its vacuum
+    ends, so no vacuum misses a savepoint taken meanwhile (an ``flock``: the take and the job are
+    different processes)."""
+    from pipeline.control.lock import file_lock  # lazily: pipeline.control imports this module
+
+    path = store.savepoint_versions_lock_path(data_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(path):
+        yield
+
+
 def log_retention_s(data_dir: Path, now_s: float | None = None) -> float:
     """How long the log is kept: back to the oldest savepoint (and an hour), else the minimum."""
     age = oldest_savepoint_age_s(data_dir, now_s)
@@ -279,10 +297,13 @@ class SinkMaintenance:
                 log.warning("cannot remove old metrics files (the next round tries again): %s", exc)
         started = time.monotonic()
         retention = vacuum_retention_s(self.data_dir, self.retention_s)
-        try:  # the log only as far back as a savepoint needs it (or LOG_RETENTION_MIN_S)
-            done = self.writer.maintain(compact=True, retention_s=retention,
-                                        log_retention_s=log_retention_s(self.data_dir),
-                                        keep_versions=savepoint_versions(self.data_dir))
+        try:
+            compacted = self.writer.maintain(compact=True)  # batches and savepoint takes go on meanwhile
+            with savepoint_versions_lock(self.data_dir):  # the log only as far back as a savepoint needs it
+                vacuumed = self.writer.maintain(compact=False, retention_s=retention,
+                                                log_retention_s=log_retention_s(self.data_dir),
+                                                keep_versions=savepoint_versions(self.data_dir))
+            done = {name: {**compacted.get(name, {}), **facts} for name, facts in vacuumed.items()}
         except Exception as exc:  # never fatal: the batches go on, the next round tries again
             log.warning("sink compaction or vacuum failed (the next round tries again): %s", exc)
             if self.record:

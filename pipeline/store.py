@@ -7,6 +7,7 @@
 <data_dir>/sinks/<name>/               one Delta Lake table per sink (_delta_log/ and Parquet files; pipeline/sinks.py)
 <data_dir>/metrics/<stream>/<day>.jsonl   append-only progress, tasks and events
 <data_dir>/savepoints/<name>/          named copies of the checkpoint (savepoint.json inside)
+<data_dir>/savepoints/.versions.lock   flock between a take recording its sinks' versions and the sinks' vacuum
 <data_dir>/control/replay/<seq>.json   replay requests the running job picks up
 <data_dir>/control/restore.json        journal of a savepoint restore under way (pipeline/control/savepoints.py)
 <data_dir>/job.lock                    flock held by the running job (or a restore); the OS drops it when the holder dies
@@ -65,6 +66,11 @@ def metrics_glob(data_dir: Path, stream: str) -> str:
 
 def savepoints_dir(data_dir: Path) -> Path:
     return Path(data_dir) / "savepoints"
+
+
+def savepoint_versions_lock_path(data_dir: Path) -> Path:
+    """The lock between a savepoint take and the sinks' vacuum (pipeline/sink_maintenance.py)."""
+    return savepoints_dir(data_dir) / ".versions.lock"
 
 
 def replay_requests_dir(data_dir: Path) -> Path:

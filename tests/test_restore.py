@@ -24,6 +24,7 @@ from pipeline.metrics import read_events
 from pipeline.sinks import SCHEMAS, SinkWriter, last_committed_batch
 from forkkill import FILE_STEPS, killed_at_step
 import sinkread
+from waiting import wait_for
 
 TAKEN_AT = "2026-11-22T09:00:00.000Z"
 TAKEN_MS = 1795338000000  # TAKEN_AT in epoch ms
@@ -165,6 +166,47 @@ def test_vacuum_keeps_a_savepoints_sink_versions_until_the_savepoint_is_deleted(
     maintenance.run_once()
     assert data_files() == 1  # the restore's own file set, compacted; the rest vacuumed
     assert published(crashed_job) == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_savepoint_taken_while_a_round_compacts_is_kept_by_that_rounds_vacuum(crashed_job, monkeypatch):
+    """The race the chaos test met: a round compacts (the batch's files become replaced ones), a
+    savepoint is taken right then, and the same round's vacuum (0 h) must still keep its files.
+    A round that read the savepoints before compacting vacuumed them, and the restore refused."""
+    from pipeline import sink_maintenance
+    from pipeline.sink_maintenance import SinkMaintenance
+
+    settings = make_settings(crashed_job)
+    shutil.rmtree(store.savepoints_dir(crashed_job) / "at3")  # taken before savepoints recorded versions
+    compact = sink_maintenance.compact_table
+    taken = []
+
+    def compact_then_take(table, *args, **kwargs):
+        facts = compact(table, *args, **kwargs)
+        taken.append(control.take_savepoint(settings, "midround"))
+        return facts
+
+    monkeypatch.setattr(sink_maintenance, "compact_table", compact_then_take)
+    done = SinkMaintenance(SinkWriter(crashed_job), crashed_job, interval_s=0, retention_s=0).run_once()
+    assert taken and taken[0].batch_id == 5 and done["dead_letter"]["files_removed"] == 7
+    control.restore_savepoint(settings, "midround")
+    assert published(crashed_job) == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_take_waits_for_a_running_vacuum(crashed_job):
+    """The other half: while a round vacuums (it holds the lock), a take does not record its versions."""
+    from pipeline.sink_maintenance import savepoint_versions_lock
+
+    settings = make_settings(crashed_job)
+    finished = threading.Event()
+    take = threading.Thread(target=lambda: (control.take_savepoint(settings, "waits"), finished.set()))
+    with savepoint_versions_lock(crashed_job):
+        take.start()
+        # the take copies the checkpoint first, then blocks on the lock: wait for its copy, then check it is held
+        wait_for(lambda: (store.savepoints_dir(crashed_job) / ".waits.tmp" / "checkpoint" / "commits" / "5").exists(),
+                 timeout=30, what="the take's copy")
+        assert not finished.wait(0.5) and not (store.savepoints_dir(crashed_job) / "waits").exists()
+    take.join(timeout=30)
+    assert finished.is_set() and "waits" in {s.name for s in control.list_savepoints(settings)}
 
 
 # ------------------------------------------------------------------ kill -9 at every step

@@ -139,10 +139,11 @@ def _write_savepoint(settings: Settings, checkpoint: Path, tmp: Path, target: Pa
                                        "try again") from None
         size = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
         info = {"name": name, "batch_id": batch_id, "taken_at": iso(now_ms()), "size_bytes": size}
-        versions = sink_maintenance.versions_for_batch(SinkWriter(settings.data_dir).paths, batch_id)  # vacuum keeps them
-        (tmp / "savepoint.json").write_text(json.dumps({**info, "restores_before": len(read_restores(settings)),
-                                                        "sink_versions": versions}))
-        os.rename(tmp, target)
+        with sink_maintenance.savepoint_versions_lock(settings.data_dir):  # no vacuum between reading and recording
+            versions = sink_maintenance.versions_for_batch(SinkWriter(settings.data_dir).paths, batch_id)  # vacuum keeps them
+            (tmp / "savepoint.json").write_text(json.dumps({**info, "restores_before": len(read_restores(settings)),
+                                                            "sink_versions": versions}))
+            os.rename(tmp, target)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise ControlError(f"cannot write savepoint {name!r} under {str(target.parent)!r}: "
@@ -158,6 +159,8 @@ def list_savepoints(settings: Settings) -> list[SavepointInfo]:
     found = []
     root = store.savepoints_dir(settings.data_dir)
     for meta in root.glob("*/savepoint.json") if root.exists() else []:
+        if meta.parent.name.startswith("."):
+            continue  # a take's copy before its rename (or what a killed take left)
         try:
             info = json.loads(meta.read_text())
             found.append(SavepointInfo(info["name"], int(info["batch_id"]), info["taken_at"], int(info["size_bytes"]), meta.parent))
