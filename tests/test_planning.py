@@ -115,3 +115,16 @@ def test_an_estimate_from_few_batched_entries_admits_few_more_and_one_message_en
     assert EntrySize(42, 4200, entries=1).most_entries() == planning.RAMP
     assert EntrySize(1, 300, entries=1).most_entries() is None  # unbatched: each entry one message
     assert planning.cold_size(None).most_entries() is None  # a guess already errs small
+
+
+def test_a_batch_offers_only_what_each_estimate_vouches_for_except_the_changelogs():
+    short_first = EntrySize(42, 4200, entries=1)  # a batching producer's first, short entry
+    sizes = {"orders\x000": short_first, "orders\x001": UNBATCHED, "users\x000": short_first}
+    offered = planning.within_estimates({"orders\x000": 100, "orders\x001": 100, "users\x000": 100}, sizes,
+                                        {"users\x000"})
+    assert offered == {"orders\x000": planning.RAMP, "orders\x001": 100, "users\x000": 100}
+    cost = {"orders\x000": short_first.cost(500, None)}
+    assert plan_batch({"orders\x000": 100}, cost, set(), 0, 10).grants == {"orders\x000": 11}  # 500 / 42
+    # 4 entries, not 11: a batch planned on a 42-message estimate once read 3,958 orders
+    assert plan_batch(planning.within_estimates({"orders\x000": 100}, sizes, set()), cost, set(), 0, 10).grants == {
+        "orders\x000": planning.RAMP}

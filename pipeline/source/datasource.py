@@ -216,11 +216,8 @@ class PulsarStreamReader(DataSourceStreamReader):
         else:
             cost = {key: size.cost(max_rows, self.max_bytes) for key, size in sizes.items()}
             firsts = {key for key in available if key.split("\x00")[0] in first}
-            # the others' estimates from few entries admit few (the changelogs keep all they have:
-            # orders are admitted only once the changelogs have had every entry)
-            limited = {key: count if key in firsts or sizes[key].most_entries() is None
-                       else min(count, sizes[key].most_entries()) for key, count in available.items()}
-            plan = planning.plan_batch(limited, cost, firsts, held_for, self.share_after)
+            plan = planning.plan_batch(planning.within_estimates(available, sizes, firsts), cost, firsts, held_for,
+                                       self.share_after)
         if any(kind in first for kind, _ in probes_due):  # a changelog not planned yet: orders wait for it
             plan = planning.Plan({key: grant if key.split("\x00")[0] in first else 0 for key, grant in plan.grants.items()},
                                  held_for, False)

@@ -84,6 +84,14 @@ def share_budget(available: dict[str, int], cost: dict[str, float], budget: floa
     return grants
 
 
+def within_estimates(available: dict[str, int], sizes: dict[str, EntrySize], first: set[str]) -> dict[str, int]:
+    """The entries each partition may offer a batch: all it has for ``first`` (the changelogs:
+    orders are admitted only once they have had every entry), otherwise at most what its
+    estimate vouches for (:meth:`EntrySize.most_entries`)."""
+    limits = {key: None if key in first else sizes[key].most_entries() for key in available}
+    return {key: count if limits[key] is None else min(count, limits[key]) for key, count in available.items()}
+
+
 @dataclass(frozen=True)
 class Plan:
     """A batch's grants in entries per partition, and the orders' hold state after it."""
