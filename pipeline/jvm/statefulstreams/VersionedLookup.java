@@ -310,25 +310,26 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
       return false;
     }
     List<Row> held = call.history.covering(time);
-    if (currentAt(held, time) == null && maxWaitMs > 0 && watermark <= time + maxWaitMs) {
+    Row current = currentAt(held, time);
+    if (current == null && maxWaitMs > 0 && watermark <= time + maxWaitMs) {
       return false;
     }
-    out.add(decideWith(row, held, time));
+    out.add(decideWith(row, held, current, time));
     return true;
   }
 
   /** A late order decided now with the versions the key holds (option {@code joinLate}). */
   private Row decideWithHeld(Row row, KeyCall call) {
     long time = eventMs.getLong(row);
-    return decideWith(row, call.history.covering(time), time);
+    List<Row> held = call.history.covering(time);
+    return decideWith(row, held, currentAt(held, time), time);
   }
 
   /**
-   * An order decided with {@code held}: the record current at its time, or the first record
-   * within maxWait after it, or missing.
+   * An order decided with {@code held}: {@code current} (the record current at its time, as
+   * {@link #currentAt} found it), or the first record within maxWait after it, or missing.
    */
-  private Row decideWith(Row row, List<Row> held, long time) {
-    Row current = currentAt(held, time);
+  private Row decideWith(Row row, List<Row> held, Row current, long time) {
     if (current != null) {
       return decide(row, current, null);
     }
