@@ -1,16 +1,23 @@
-"""A SQL pipeline's ``progress`` rows: rows in, rows out, lag and state per micro-batch (pure).
+"""A SQL pipeline's ``progress`` rows: rows in, rows out, lag and state per micro-batch, and the
+query listener that writes them.
 
-Written by the pipeline's query listener into ``<data_dir>/sql/<name>/metrics/progress/``, the
-same append-only JSON Lines as the enrichment job's metrics store (pipeline/metrics.py), which
-the console's SQL pipelines page reads with DuckDB.
+:func:`build_sql_progress_row` (pure) makes a row; :func:`make_listener`'s listener appends one
+per batch to ``<data_dir>/sql/<name>/metrics/progress/``, the same append-only JSON Lines as the
+enrichment job's metrics store (pipeline/metrics.py), which the console's SQL pipelines page
+reads with DuckDB.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import time
 from datetime import datetime, timezone
 
 from pipeline.metrics import _finite, _offset, topic_rows
 from pipeline.source.counts import rows_from_progress
+
+log = logging.getLogger(__name__)
 
 
 def build_sql_progress_row(progress: dict, sink_rows: dict | None) -> dict:
@@ -40,3 +47,35 @@ def build_sql_progress_row(progress: dict, sink_rows: dict | None) -> dict:
         "state_rows": sum(op.get("numRowsTotal", 0) for op in operators),
         "state_memory_bytes": sum(op.get("memoryUsedBytes", 0) for op in operators),
     }
+
+
+def make_listener(query_name: str, metrics, writer, on_batch, idle_clock=None):
+    """The pipeline's listener (``metrics``: its MetricsStore; ``writer``: its SqlSinkWriter, for
+    the batch's sink counts); ``idle_clock``: a temporal join's :class:`pipeline.sql.idle.IdleClock`, or None."""
+    from pipeline.listener import ProgressListener
+
+    class SqlListener(ProgressListener):
+        """Appends this pipeline's progress rows (its batches committed to the sinks in foreachBatch),
+        and keeps a temporal join's idle clock (time passes between batches too: ``onQueryIdle``)."""
+
+        def onQueryProgress(self, event) -> None:
+            try:
+                if event.progress.name != query_name:
+                    return
+                progress = json.loads(event.progress.json)
+                batch_id = progress["batchId"]
+                if idle_clock is not None:
+                    idle_clock.observe(progress, int(time.time() * 1000))
+                metrics.append("progress", build_sql_progress_row(progress, writer.last_counts.get(batch_id)))
+                on_batch(batch_id)
+            except Exception:  # a listener error must never take the pipeline down; it is logged
+                log.exception("SQL pipeline listener failed on a progress event")
+
+        def onQueryIdle(self, event) -> None:
+            try:
+                if idle_clock is not None:
+                    idle_clock.update(int(time.time() * 1000))
+            except Exception:  # as above
+                log.exception("SQL pipeline listener failed on an idle event")
+
+    return SqlListener()

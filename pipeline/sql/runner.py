@@ -38,8 +38,8 @@ from pipeline.sinks import SinkMaintenance, last_committed_batch
 from pipeline.sql.envelope import field_name, used_columns
 from pipeline.sql.foreign_key import apply_foreign_key_join, foreign_key_fingerprint
 from pipeline.sql.plan import Plan, present_field
-from pipeline.sql.progress import build_sql_progress_row
-from pipeline.sql.settings import state_ttl_ms
+from pipeline.sql.progress import make_listener
+from pipeline.sql.settings import idle_timeout_ms, state_ttl_ms
 from pipeline.sql.source import read_parsed, read_source
 from pipeline.sql.statement_set import build_set_frame, result_sink, write_set_batch
 from pipeline.sql.sink import (SqlSinkWriter, build_dead_letters, build_messages, build_result, output_field,
@@ -302,26 +302,6 @@ def build_query(spark, settings: Settings, plans: tuple[Plan, ...], name: str, s
             .trigger(processingTime=f"{interval_ms} milliseconds").start())
 
 
-def make_listener(query_name: str, metrics: MetricsStore, writer: SqlSinkWriter, checkpoint: Path, on_batch):
-    from pipeline.listener import ProgressListener
-
-    class SqlListener(ProgressListener):
-        """Appends this pipeline's progress rows (its batches committed to the sinks in foreachBatch)."""
-
-        def onQueryProgress(self, event) -> None:
-            try:
-                if event.progress.name != query_name:
-                    return
-                progress = json.loads(event.progress.json)
-                batch_id = progress["batchId"]
-                metrics.append("progress", build_sql_progress_row(progress, writer.last_counts.get(batch_id)))
-                on_batch(batch_id)
-            except Exception:  # a listener error must never take the pipeline down; it is logged
-                log.exception("SQL pipeline listener failed on a progress event")
-
-    return SqlListener()
-
-
 def start_maintenance(settings: Settings, root: Path, writer: SqlSinkWriter, record) -> SinkMaintenance:
     """The pipeline's maintenance thread, as the job's (pipeline/job.py): every
     ``sinks.compact_interval`` its two tables are compacted and vacuumed, and its metrics day
@@ -368,7 +348,13 @@ def run_sql_pipeline(settings: Settings, plan: Plan | tuple[Plan, ...], name: st
             if max_batches and done[0] >= max_batches:
                 stop.set()
 
-        listener = make_listener(f"sql-{name}", metrics, writer, checkpoint, on_batch)
+        idle_clock = None
+        if plans[0].temporal is not None and idle_timeout_ms(plans[0].settings):
+            from pipeline.sql.idle import IdleClock
+
+            idle_clock = IdleClock(root, [t.name for t in plans[0].sides], [int(t.watermark[1]) for t in plans[0].sides],
+                                   idle_timeout_ms(plans[0].settings))
+        listener = make_listener(f"sql-{name}", metrics, writer, on_batch, idle_clock)
         spark.streams.addListener(listener)
         into = ", ".join(f"{p.kind} into {p.target.topic}" for p in plans)
         metrics.event("sql_started", f"SQL pipeline {name!r} started: {into}",

@@ -5,6 +5,9 @@ settings (key -> value as written); a key outside :data:`SETTINGS`, or a value i
 is refused with one line naming it. :func:`duration_ms` reads Flink's duration syntax
 (``'90 s'``, ``'1 h'``, ``'1d'``, ``'500 ms'``, a bare number of milliseconds).
 
+``table.exec.source.idle-timeout`` (:func:`idle_timeout_ms`) lets a temporal join's watermark pass
+a table that has sent nothing for that long (pipeline/sql/idle.py).
+
 ``table.exec.state.ttl`` (:func:`state_ttl_ms`) is Flink's idle-state retention, in processing
 time: ``'0'`` (Flink's default) keeps state for every key; a positive TTL drops a join side's row
 not written for the TTL (each side on its own; a foreign-key join's referencing rows and
@@ -23,7 +26,10 @@ from pipeline.sql.dialect import Flink
 from pipeline.sql.sqltypes import UnsupportedSql
 
 STATE_TTL = "table.exec.state.ttl"
-SETTINGS = (STATE_TTL,)
+IDLE_TIMEOUT = "table.exec.source.idle-timeout"  # a temporal join's idle tables (pipeline/sql/idle.py)
+SETTINGS = (STATE_TTL, IDLE_TIMEOUT)
+# what '0' means for each key, as a refusal says it
+ZERO_MEANS = {STATE_TTL: "'0' keeps state forever", IDLE_TIMEOUT: "'0' never marks a table idle"}
 # Flink's TimeUtils units, long and short forms
 UNITS_MS = {"ms": 1, "milli": 1, "millis": 1, "millisecond": 1, "milliseconds": 1,
             "s": 1000, "sec": 1000, "secs": 1000, "second": 1000, "seconds": 1000,
@@ -53,17 +59,24 @@ def apply_setting(statement: exp.Set, settings: dict[str, str]) -> None:
     if key not in SETTINGS:
         raise UnsupportedSql(f"SET {key!r} is not supported; supported keys: {', '.join(SETTINGS)}")
     try:
-        ttl = duration_ms(value)
+        ms = duration_ms(value)
     except ValueError:
         raise UnsupportedSql(f"SET {key!r} = {value!r} is not a duration; supported: a number and a unit "
-                             "(ms, s, min, h, d), e.g. '1 h'; '0' keeps state forever") from None
-    if ttl > MAX_TTL_MS:  # far beyond any retention; keeps now + TTL inside Spark's long milliseconds
-        raise UnsupportedSql(f"SET {key!r} = {value!r} is too long; supported: up to 100000 d, or '0' to keep "
-                             "state forever")
+                             f"(ms, s, min, h, d), e.g. '1 h'; {ZERO_MEANS[key]}") from None
+    if ms > MAX_TTL_MS:  # far beyond any retention; keeps now + TTL inside Spark's long milliseconds
+        raise UnsupportedSql(f"SET {key!r} = {value!r} is too long; supported: up to 100000 d, or {ZERO_MEANS[key]}")
     settings[key] = value
 
 
 def state_ttl_ms(settings: dict[str, str] | tuple[tuple[str, str], ...]) -> int:
     """The script's ``table.exec.state.ttl`` in milliseconds; 0 (keep every key) when not set."""
     value = dict(settings).get(STATE_TTL)
+    return 0 if value is None else duration_ms(value)
+
+
+def idle_timeout_ms(settings: dict[str, str] | tuple[tuple[str, str], ...]) -> int:
+    """The script's ``table.exec.source.idle-timeout`` in milliseconds; 0 (Flink's default: no
+    table is ever idle) when not set. It matters to a temporal join only: no other query here
+    has a watermark."""
+    value = dict(settings).get(IDLE_TIMEOUT)
     return 0 if value is None else duration_ms(value)

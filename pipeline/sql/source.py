@@ -10,16 +10,19 @@ rows leave Python once, as the job's do.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from pipeline import store
 from pipeline.config import Settings
 
 
 def read_topics(spark, settings: Settings, tables, name: str, service_url: str, stats: str = "source-stats",
-                parser: tuple[str, dict, str] | None = None):
+                parser: tuple[str, dict, str] | None = None, clock_file: Path | None = None):
     """The tables' topics as one streaming source (``stats``: its folder of source statistics);
     ``parser``: (``module:function``, its JSON-ready arguments, the DDL of the rows it yields)
-    run in the read tasks, whose rows the source then gives instead of its own.
+    run in the read tasks, whose rows the source then gives instead of its own; ``clock_file``:
+    the event-time clock of the tables' partitions (the source's ``clockFile``: a temporal join's
+    idle table, pipeline/sql/idle.py).
 
     # {"kind": "users", "topic": …, "partition": -1, "message_id": "…", "position": 3, "key": "100-1",
     #  "value": b"…"}
@@ -32,6 +35,8 @@ def read_topics(spark, settings: Settings, tables, name: str, service_url: str, 
     if parser is not None:
         transform, args, ddl = parser
         reader = reader.schema(ddl).option("transform", transform).option("transformArgs", json.dumps(args))
+    if clock_file is not None:
+        reader = reader.option("clockFile", str(clock_file)).option("changelogs", ",".join(t.name for t in tables))
     return (reader.option("service_url", service_url).option("topics", topics)
             .option("maxRowsPerBatch", settings["job.max_rows_per_batch"])
             .option("maxBytesPerBatch", settings["job.max_bytes_per_batch"])

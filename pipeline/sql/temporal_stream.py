@@ -9,6 +9,9 @@ pipeline/sql/temporal.py's. The query::
       ─ matched? ─ UpsertJoin (keyed by the driving key) ─ SELECT expressions ─ sink (a join's)
 
 - Parse + times run in each source's read tasks (its ``transform``: :func:`parse_timed_batches`).
+- With ``table.exec.source.idle-timeout``, an idle table's source yields heartbeat rows (op
+  ``clock``) that raise its watermark to the other table's; they are dropped after the watermark
+  nodes (pipeline/sql/idle.py).
 
 - Times: a row's time is its time attribute; a tombstone (no payload) is placed at its message's
   event time, or its publish time when the producer set none. An upsert whose time attribute is
@@ -35,8 +38,10 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timezone
 
-from pipeline import wire
+from pipeline import store, wire
 from pipeline.config import Settings
+from pipeline.source.rows import CLOCK_KIND
+from pipeline.sql.settings import idle_timeout_ms
 from pipeline.sql.envelope import BASE_FIELDS, arrow_schema, envelope_fields, parse_batches, parser_args, used_columns
 from pipeline.sql.plan import Plan, field_name
 
@@ -123,6 +128,10 @@ def parse_timed_batches(batches, parser: dict, fields: list, times: list[dict]):
 
     schema = arrow_schema(fields)
     for batch in batches:
+        if batch.num_rows and batch.column("kind")[0].as_py() == CLOCK_KIND:  # an idle table's heartbeat (idle.py)
+            yield pa.RecordBatch.from_pylist([{"op": CLOCK_KIND, "kind": CLOCK_KIND, "event_ms": batch.column(
+                "event_time")[0].as_py(), "source_partition": -1, "position": 0}], schema=schema)
+            continue
         messages = batch.select(["event_time", "value"]).to_pylist()
         for parsed in parse_batches(iter([batch]), **parser):
             rows = [decide_times(times, row, message) for row, message in zip(parsed.to_pylist(), messages)]
@@ -137,18 +146,30 @@ def build_temporal_frame(spark, settings: Settings, plan: Plan, name: str, servi
     """The query's rows up to the sink: a join's (key, op before/after/delete/dead, s<i>_…, out<i>, _pass)."""
     from pyspark.sql import functions as F
 
+    from pipeline.sql.idle import NEWEST_OBSERVED, clock_path
     from pipeline.sql.source import count_rows, read_topics
 
+    idle = idle_timeout_ms(plan.settings) > 0
+    not_clock = ~F.col("op").eqNullSafe(CLOCK_KIND)
     frames = []
     for side, table in enumerate(plan.sides):
         # {"key": "o1", "side": 0, "op": "upsert", …, "kind": "orders", "event_ms": 1714564800000}
         rows = read_topics(spark, settings, [table], name, service_url, stats=f"source-stats-{side}",
-                           parser=(PARSE_TRANSFORM, timed_parser_args(plan), temporal_ddl(plan)))
-        # the table's watermark: its newest time minus its delay (Spark keeps the least of the two nodes)
+                           parser=(PARSE_TRANSFORM, timed_parser_args(plan), temporal_ddl(plan)),
+                           clock_file=clock_path(store.sql_dir(settings.data_dir, name), side) if idle else None)
+        if idle:  # the table's newest time, for its own idle clock and the other's (pipeline/sql/idle.py)
+            rows = rows.observe(NEWEST_OBSERVED.format(side=side),
+                                F.max(F.when(not_clock, F.col("event_ms"))).alias("newest_ms"))
+        # the table's watermark: its newest time minus its delay (Spark keeps the least of the two
+        # nodes); an idle table's heartbeat row counts here, and goes no further
         frames.append(rows.withColumn(WATERMARK_COLUMN, F.timestamp_millis("event_ms"))
                       .withWatermark(WATERMARK_COLUMN, f"{int(table.watermark[1])} milliseconds"))
+    rows = frames[0].unionByName(frames[1])
+    if idle:  # the heartbeats dropped; the test names the watermark column, so Spark cannot push it below the watermark
+        stamp = F.col(WATERMARK_COLUMN)
+        rows = rows.where(F.when(not_clock, stamp.isNull() | stamp.isNotNull()).otherwise(F.lit(False)))
     # without the watermark column the operators see every row (a late one is decided, not dropped)
-    rows = frames[0].unionByName(frames[1]).drop(WATERMARK_COLUMN)
+    rows = rows.drop(WATERMARK_COLUMN)
     rows = count_rows(rows, settings, plan.sides, service_url, partition_column="source_partition")
     return apply_temporal_join(rows, plan)
 
