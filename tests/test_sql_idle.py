@@ -41,7 +41,9 @@ def progress(orders_n: int, users_n: int, newest: dict[int, int | None], backlog
 
 
 def test_the_idle_clock_marks_a_table_idle_after_the_timeout_and_active_again_when_it_moves(tmp_path):
-    clock = IdleClock(tmp_path, ["orders", "users"], [1_000, 0], idle_timeout_ms=5_000)
+    events = []
+    clock = IdleClock(tmp_path, ["orders", "users"], [1_000, 0], idle_timeout_ms=5_000,
+                      record=lambda kind, message, **details: events.append((kind, details["table"])))
     users = clock_path(tmp_path, 1)
     assert read_clock_file(users).newest == {}  # a started pipeline: every table active
     clock.observe(progress(3, 2, {0: T + 9_000, 1: T + 1_000}), now_ms=0)
@@ -57,6 +59,9 @@ def test_the_idle_clock_marks_a_table_idle_after_the_timeout_and_active_again_wh
     assert read_clock_file(users).newest == {}
     clock.update(now_ms=10_000)
     assert read_clock_file(clock_path(tmp_path, 0)).newest == {"orders": T + 31_000}  # orders quiet since 4 s
+    # in this order at least (a loaded machine may pause the orders' feeder past the timeout: more events)
+    assert events[0] == ("table_idle", "users") and ("table_active", "users") in events
+    assert events.index(("table_active", "users")) < len(events) - 1 - events[::-1].index(("table_idle", "orders"))
 
 
 WITH = ("WITH ('connector' = 'upsert-pulsar', 'topic' = 'persistent://public/default/{name}', 'key.format' = 'raw', "
@@ -145,6 +150,14 @@ def test_a_table_that_stops_sending_no_longer_holds_the_join_back(timeout, setti
         with Feeder(user, T + 3_600_000):  # users go on (another user's versions); orders have stopped
             seen = wait_for(lambda: last in (out := decided()) and out, 120, what="the last order decided with orders idle")
         assert set(seen) == {"o1", "o2", *orders.sent} and set(seen.values()) == {"ada"}
+    from pipeline import store
+    from pipeline.metrics import read_rows
+
+    events = [(e["kind"], e["details"]["table"]) for e in read_rows(store.sql_dir(settings.data_dir, name), "events")
+              if e["kind"] in ("table_idle", "table_active")]
+    # in this order at least (a loaded machine may pause the orders' feeder past the timeout: more events)
+    assert events[0] == ("table_idle", "users") and ("table_active", "users") in events
+    assert events.index(("table_active", "users")) < len(events) - 1 - events[::-1].index(("table_idle", "orders"))
 
 
 def watermark(spark, name: str) -> int | None:

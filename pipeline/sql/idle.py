@@ -22,14 +22,12 @@ pass, results can depend on timing, in Flink as here.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 from pipeline.enrich.event_clock import idle_topics, partition_positions
 from pipeline.metrics import _offset
 from pipeline.source.clock import write_clock_file
 
-log = logging.getLogger(__name__)
 NEWEST_OBSERVED = "sql_newest_side_{side}"  # a table's newest event time in a batch (observed metric)
 
 
@@ -57,7 +55,10 @@ class IdleClock:
     """The driver's view of a temporal join's tables for the idle timeout (module docstring):
     ``tables``: each side's table name; ``delays``: each side's WATERMARK delay in ms."""
 
-    def __init__(self, root: Path, tables: list[str], delays: list[int], idle_timeout_ms: int):
+    def __init__(self, root: Path, tables: list[str], delays: list[int], idle_timeout_ms: int, record=None):
+        """``record``: (kind, message, **details) -> None, the pipeline's event recorder: a table
+        going idle and sending again are ``table_idle`` and ``table_active`` events."""
+        self.record = record
         self.paths = {side: clock_path(root, side) for side in range(len(tables))}
         self.tables, self.delays, self.timeout_ms = list(tables), dict(enumerate(delays)), idle_timeout_ms
         self.newest: dict[int, int | None] = {side: None for side in self.paths}
@@ -66,6 +67,7 @@ class IdleClock:
         self.last_moved_ms: dict[str, int] = {}
         self.backlog: dict[str, int | None] = {}
         self.beats: dict[int, int] = {}  # the heartbeat last written per idle side (never lowered)
+        self.idle: set[int] = set()
         for side in self.paths:  # a (re)started pipeline starts with every table active
             write_clock_file(self.paths[side], {}, set(), None)
 
@@ -95,16 +97,22 @@ class IdleClock:
 
     def update(self, now_ms: int) -> dict[int, int]:
         """Write each table's clock file from its idleness at ``now_ms``; returns the heartbeats."""
-        beats = heartbeats(self.newest, self.delays, self.idle_sides(now_ms))
-
+        idle = self.idle_sides(now_ms)
+        for side in sorted(idle ^ self.idle) if self.record is not None else ():
+            table = self.tables[side]
+            if side in idle:
+                self.record("table_idle", f"table {table!r} has sent nothing for {self.timeout_ms / 1000:g}s: it no "
+                            "longer holds the temporal join's watermark back while the other table sends", table=table)
+            else:
+                self.record("table_active", f"table {table!r} sends again: it holds the temporal join's watermark "
+                            "again", table=table)
+        self.idle = idle
+        beats = heartbeats(self.newest, self.delays, idle)
         beats = {side: max(ms, self.beats.get(side, ms)) for side, ms in beats.items()}
         for side in self.paths:
             if beats.get(side) != self.beats.get(side):
                 names = self.partitions[side]
                 write_clock_file(self.paths[side], {name: beats[side] for name in names} if side in beats else {},
                                  set(names) if side in beats else set(), None)
-                if side in beats and side not in self.beats:
-                    log.info("table %r idle for %d ms: it no longer holds the temporal join's watermark back",
-                             self.tables[side], self.timeout_ms)
         self.beats = beats
         return beats

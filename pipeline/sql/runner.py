@@ -353,7 +353,7 @@ def run_sql_pipeline(settings: Settings, plan: Plan | tuple[Plan, ...], name: st
             from pipeline.sql.idle import IdleClock
 
             idle_clock = IdleClock(root, [t.name for t in plans[0].sides], [int(t.watermark[1]) for t in plans[0].sides],
-                                   idle_timeout_ms(plans[0].settings))
+                                   idle_timeout_ms(plans[0].settings), metrics.event)
         listener = make_listener(f"sql-{name}", metrics, writer, on_batch, idle_clock)
         spark.streams.addListener(listener)
         into = ", ".join(f"{p.kind} into {p.target.topic}" for p in plans)
