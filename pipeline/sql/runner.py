@@ -169,19 +169,32 @@ def apply_operators(rows, plan: Plan):
         out = apply_joined_where(out, plan)
     elif plan.where_joined:
         out = out.withColumn("_pass", F.expr(f"coalesce({plan.where_joined}, FALSE)"))
-    if aggregate:
-        groups = list(plan.group_fields) or [field_name(0, column) for column in plan.group_by]
-        out = out.withColumn("group_key", F.to_json(F.array(*[F.col(g).cast("string") for g in groups])))
-        spec = jvm.AggregateSpec().groupKey("group_key").member("key").op("op").groups(groups).stateTtlMs(ttl_ms)
-        for call in plan.aggregates:
-            spec.aggregate(call.function, call.input, call.name)
-        out = DataFrame(jvm.GroupAggregate.apply(out._jdf, spec), spark)
-        if ttl_ms and not plan.having:
-            out = out.where(~F.col("op").eqNullSafe("expire"))  # a group the TTL dropped: nothing to send
+    return apply_aggregate(out, plan) if aggregate else select_outputs(out, plan)
+
+
+def apply_aggregate(joined, plan: Plan):
+    """GROUP BY: a join's rows (``before``/``after``/``delete`` per member key, WHERE already
+    applied) through GroupAggregate, then the SELECT's expressions and HAVING.
+
+    # in:  {"key": "u1", "op": "before"|"after"|"delete", "s0_accountId": "A", …}
+    # out: {"op": "upsert"|"delete"|"dead", "s0_accountId": "A", "agg1": 2, …, "out<i>": …}
+    """
+    from pyspark.sql import DataFrame
+    from pyspark.sql import functions as F
+
+    spark = joined.sparkSession
+    ttl_ms = state_ttl_ms(plan.settings)
+    groups = list(plan.group_fields) or [field_name(0, column) for column in plan.group_by]
+    out = joined.withColumn("group_key", F.to_json(F.array(*[F.col(g).cast("string") for g in groups])))
+    spec = (spark._jvm.statefulstreams.AggregateSpec().groupKey("group_key").member("key").op("op").groups(groups)
+            .stateTtlMs(ttl_ms))
+    for call in plan.aggregates:
+        spec.aggregate(call.function, call.input, call.name)
+    out = DataFrame(spark._jvm.statefulstreams.GroupAggregate.apply(out._jdf, spec), spark)
+    if ttl_ms and not plan.having:
+        out = out.where(~F.col("op").eqNullSafe("expire"))  # a group the TTL dropped: nothing to send
     out = select_outputs(out, plan)
-    if aggregate and plan.having:
-        out = apply_having(out, plan)
-    return out
+    return apply_having(out, plan) if plan.having else out
 
 
 def select_outputs(out, plan: Plan):

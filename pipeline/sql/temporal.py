@@ -30,7 +30,7 @@ from pipeline.sql.sqltypes import UnsupportedSql
 WATERMARKS = ("WATERMARK FOR col AS col, or col - INTERVAL 'n' SECOND (MILLISECOND, MINUTE, HOUR), on a "
               "TIMESTAMP(3) column or the eventTime METADATA column")
 TEMPORAL = ("SELECT … FROM t [LEFT] JOIN v FOR SYSTEM_TIME AS OF t.<t's WATERMARK column> [AS a] ON t.col = "
-            "v.<v's PRIMARY KEY> [WHERE …], both tables with a WATERMARK FOR")
+            "v.<v's PRIMARY KEY> [WHERE …] [GROUP BY … [HAVING …]], both tables with a WATERMARK FOR")
 UNIT_MS = {"MILLISECOND": 1, "SECOND": 1000, "MINUTE": 60_000, "HOUR": 3_600_000}
 
 
@@ -87,8 +87,6 @@ def plan_temporal_join(select: exp.Select, tables: dict, sides: list, aliases: d
     text = join.sql(dialect=Flink).strip()
     if len(joins) != 1:
         raise UnsupportedSql(f"{text!r}: a temporal join with another JOIN is not supported; supported: {TEMPORAL}")
-    if select.args.get("group"):
-        raise UnsupportedSql(f"GROUP BY over a temporal join ({text!r}) is not supported; supported: {TEMPORAL}")
     if state_ttl_ms(tuple(settings.items())):
         raise UnsupportedSql(f"SET 'table.exec.state.ttl' with a temporal join ({text!r}) is not supported: its "
                              "versions are dropped as the watermark passes them; supported: no state TTL")

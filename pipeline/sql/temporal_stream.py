@@ -184,7 +184,7 @@ def apply_temporal_join(rows, plan: Plan):
     from pyspark.sql import DataFrame
     from pyspark.sql import functions as F
 
-    from pipeline.sql.runner import apply_where, select_outputs
+    from pipeline.sql.runner import apply_aggregate, apply_where, select_outputs
 
     spark = rows.sparkSession
     jvm = spark._jvm.statefulstreams
@@ -222,4 +222,13 @@ def apply_temporal_join(rows, plan: Plan):
     values = [field_name(s, c) for s, c in used] + ["_pass"]
     join = (jvm.JoinSpec().key("key").side("side").op("op").sides([values])
             .readOrder(["source_partition", "position"]).emitBefore(True))
-    return select_outputs(DataFrame(jvm.UpsertJoin.apply(out._jdf, join), spark), plan)
+    joined = DataFrame(jvm.UpsertJoin.apply(out._jdf, join), spark)
+    if plan.kind != "aggregate":
+        return select_outputs(joined, plan)
+    # GROUP BY over the join: a row that fails the join (INNER without a version, WHERE on the
+    # versioned table) leaves its group, as a deleted row does; the GROUP BY expressions are
+    # computed on the joined rows
+    joined = joined.select("*", *[F.expr(d.sql).alias(d.name) for d in plan.derived])
+    joined = joined.withColumn("op", F.when((op == "after") & ~F.coalesce(F.col("_pass"), F.lit(False)), "delete")
+                               .otherwise(op))
+    return apply_aggregate(joined, plan)
