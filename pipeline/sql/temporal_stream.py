@@ -6,7 +6,8 @@ pipeline/sql/temporal.py's. The query::
     source(driving table) ─ parse + times ─ watermark(its WATERMARK delay) ─┐
     source(versioned table) ─ parse + times ─ watermark(its delay) ──────────┴ union (the least
       watermark) ─ WHERE on the driving table ─ VersionedLookup (keyed by the join value)
-      ─ matched? ─ UpsertJoin (keyed by the driving key) ─ SELECT expressions ─ sink (a join's)
+      ─ matched? ─ UpsertJoin (keyed by the driving key) [─ GroupAggregate for GROUP BY] ─ SELECT
+      expressions ─ sink
 
 - Parse + times run in each source's read tasks (its ``transform``: :func:`parse_timed_batches`).
 - With ``table.exec.source.idle-timeout``, an idle table's source yields heartbeat rows (op
