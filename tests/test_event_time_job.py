@@ -289,3 +289,32 @@ def test_a_hot_key_keeps_only_what_the_watermark_still_needs(broker, tmp_path, s
     held = inspect_key(spark, store.checkpoint_dir(settings.data_dir), USERS, 7)
     assert [v["version_ms"] for v in held.versions] == [T0 + 5_900]
 
+
+
+def test_the_orders_a_key_keeps_waiting_are_shown_in_the_order_they_came(broker, tmp_path, spark):
+    """Six orders wait for user 1 (the watermark is behind them): the head holds the first
+    VersionHead.QUEUED, the waiting list the rest; `python -m pipeline state` and the census
+    show all six, in the order they came."""
+    from pipeline.control.state import StateCensus, inspect_key
+    from pipeline.metrics import MetricsStore
+
+    topics = {k: f"persistent://public/default/{k}-queued-{tmp_path.name}" for k in ("users", "items", "orders")}
+    settings = settings_for({"topics": topics}, tmp_path / "queued", broker)
+    url = broker.service_url
+    publish_timed(url, topics["users"], [("1", wire.encode(user(1)), T0)])
+    publish_timed(url, topics["items"], [("1", wire.encode(item(1)), T0)])
+    publish_timed(url, topics["orders"], [(f"o{n}", wire.encode(order(n, 1, 1, createdAt=T0 + 10_000 + n * 100)),
+                                           T0 + 10_000 + n * 100) for n in range(6)])
+    job = JobThread(settings)
+    try:
+        wait_for(lambda: sum(t["rows"] or 0 for p in read_rows(settings.data_dir, "progress") for t in p["topics"]
+                             if t["topic"] == "orders") >= 6 or job.error, timeout=240, what="the orders read")
+    finally:
+        job.close()
+    assert job.error is None and orders_done(settings.data_dir) == 0
+    checkpoint = store.checkpoint_dir(settings.data_dir)
+    held = inspect_key(spark, checkpoint, USERS, 1)
+    assert [order_row["invoice_id"] for order_row in held.waiting] == list(range(6))
+    census = {row["lookup"]: row for row in StateCensus(spark, checkpoint, MetricsStore(settings.data_dir),
+                                                         MAX_WAIT_MS).take()}
+    assert (census["users"]["waiting_keys"], census["users"]["waiting_orders"]) == (1, 6)

@@ -123,6 +123,11 @@ def inspect_key(spark, checkpoint: Path, lookup: Lookup, key: int) -> KeyState:
     waiting = (_reader(spark, checkpoint, lookup, "waiting", batch_id).option("partitionId", partition)
                .option("flattenCollectionTypes", "true").load().filter(f"key.value = {int(key)}")
                .select("list_element.*").collect())
+    if found.versions is not None:
+        # event time: the first waiting orders are in the key's head, the list holds the rest
+        waiting = (_reader(spark, checkpoint, lookup, "head", batch_id).option("partitionId", partition).load()
+                   .filter(f"key.value = {int(key)}").selectExpr("explode(value.queued) AS queued")
+                   .select("queued.*").collect()) + waiting
     shown = ("invoice_id", "source_message_id", "first_seen_ms", *(each.id_column for each in LOOKUPS))
     found.waiting = [{name: row[name] for name in shown} for row in waiting]
     return found

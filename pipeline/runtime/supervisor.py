@@ -212,10 +212,11 @@ def process_age_s() -> float:
 
 
 CHECKPOINT_LAYOUT = "changelog-lookup-v1"  # what the state in a checkpoint was written by
-EVENT_TIME_LAYOUT = "versioned-lookup-v4"  # enrichment.time = event: versions per key, another state shape
+EVENT_TIME_LAYOUT = "versioned-lookup-v5"  # enrichment.time = event: versions per key, another state shape
 # (v2: the newest version in a head value beside the list of older ones, one timer per key;
 # v3: the newest few versions in the head, the list only for older ones;
-# v4: the head records two timers, pruning and waiting orders)
+# v4: the head records two timers, pruning and waiting orders;
+# v5: the head holds the first few waiting orders, the list only the rest)
 
 
 def check_checkpoint_layout(checkpoint: Path, layout: str = CHECKPOINT_LAYOUT) -> None:

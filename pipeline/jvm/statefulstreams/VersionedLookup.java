@@ -34,8 +34,9 @@ import statefulstreams.Rows.Field;
  *
  * <p>State per key, in the RocksDB state store: {@code head} (ValueState, {@link VersionHead}: the
  * newest versions, up to {@link KeyHistory#RECENT}, and the counts and times that let a call leave
- * the rest unread), {@code versions} (ListState: the older versions, oldest first: time, read
- * order, tombstone flag and the state columns) and {@code waiting} (ListState, whole order rows),
+ * the rest unread, and the first few waiting orders), {@code versions} (ListState: the older
+ * versions, oldest first: time, read order, tombstone flag and the state columns) and
+ * {@code waiting} (ListState, whole order rows: the waiting orders beyond the head's few),
  * plus at most two event-time timers per key. What a call reads and writes ({@link KeyHistory}; issue 31:
  * the backlog read 0.61 x processing time when every call loaded, sorted and rewrote the list):
  * <ul>
@@ -45,8 +46,10 @@ import statefulstreams.Rows.Field;
  *       loads the list, which is then written back whole;</li>
  *   <li>an order at or after the head's oldest version reads the head only; an earlier one
  *       loads the list (a key with few versions has none);</li>
- *   <li>the waiting orders are read only when the key has new versions, one of them may be due
- *       or its history is to be pruned; a new waiting order is appended;</li>
+ *   <li>the waiting orders are looked at only when the key has new versions, one of them may be
+ *       due or its history is to be pruned; a new waiting order joins the head's first
+ *       {@link VersionHead#QUEUED} (read and written anyway), else is appended to the list, which
+ *       is read only when it holds some;</li>
  *   <li>the key's timers ({@link KeyTimers}): one at the time pruning would drop something
  *       (prune_at + allowedLateness + maxWait + 1), left registered while orders wait, and one
  *       at the waiting orders' least due time only when that is earlier. A key holding one
@@ -116,7 +119,7 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
     this.futureAfterMs = spec.futureAfterMs;
     this.joinLate = spec.joinLate;
     this.version = new KeyHistory.Columns(columns);
-    this.headLayout = new VersionHead.Layout(version.schema);
+    this.headLayout = new VersionHead.Layout(version.schema, columns.schema);
   }
 
   /**
@@ -213,17 +216,28 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
       }
     }
 
-    /** Decide the waiting orders that are due (adding them to {@code out}); keep the others. */
+    /**
+     * Decide the waiting orders that are due (adding them to {@code out}); keep the others, the
+     * first {@link VersionHead#QUEUED} in the head, the rest in the list (read only when it holds
+     * some, written only when what it holds changed).
+     */
     void decideWaiting(long watermark, List<Row> out) {
+      List<Row> listed = head.listed() > 0 ? KeyHistory.loadHeld(waiting) : List.of();
       List<Row> kept = new ArrayList<>();
-      for (Row row : KeyHistory.loadHeld(waiting)) {  // head.waiting > 0: the list exists
-        if (!decideIfDue(row, this, watermark, out)) {
-          kept.add(row);
+      for (List<Row> rows : List.of(head.queued, listed)) {  // in the order they came
+        for (Row row : rows) {
+          if (!decideIfDue(row, this, watermark, out)) {
+            kept.add(row);
+          }
         }
       }
-      if (kept.size() != head.waiting) {
-        Rows.replace(waiting, kept);
+      int queued = Math.min(VersionHead.QUEUED, kept.size());
+      List<Row> rest = kept.subList(queued, kept.size());
+      // rest is what the list keeps, in order: it is the list unchanged only when as long
+      if (rest.size() != listed.size()) {
+        Rows.replace(waiting, rest);
       }
+      head.queued = new ArrayList<>(kept.subList(0, queued));
       head.waiting = kept.size();
       head.dueMs = null;
       for (Row row : kept) {
@@ -232,10 +246,18 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
       headChanged = true;
     }
 
-    /** Orders that must wait, appended to the waiting list (nothing read). */
+    /**
+     * Orders that must wait: into the head while it has room, else appended to the waiting list
+     * (nothing read). The list holds orders only when the head's are full, so they stay in the
+     * order they came.
+     */
     void addWaiting(List<Row> waits, long watermark) {
       for (Row row : waits) {
-        waiting.appendValue(row);
+        if (head.queued.size() < VersionHead.QUEUED) {
+          head.queued.add(row);
+        } else {
+          waiting.appendValue(row);
+        }
         head.waiting++;
         head.dueMs = min(head.dueMs, dueAt(eventMs.getLong(row), watermark));
         headChanged = true;
