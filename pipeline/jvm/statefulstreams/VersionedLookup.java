@@ -146,9 +146,12 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
   public scala.collection.Iterator<Row> handleInputRows(Long key, scala.collection.Iterator<Row> rows,
                                                         TimerValues timerValues) {
     long watermark = Math.max(0L, timerValues.getCurrentWatermarkInMs());
-    KeyCall call = new KeyCall(watermark);
     Rows.Split split = Rows.split(rows, row -> columns.roleOf(row).part);
     List<Row> out = split.passed;
+    if (split.changes.isEmpty() && decidedWithoutState(split.lookups, watermark, out)) {
+      return CollectionConverters.asScala(out.iterator());
+    }
+    KeyCall call = new KeyCall(watermark);
     split.changes.sort(Rows.readOrder(columns.order));  // of one time and one record, the first read is the one kept
     boolean added = false;
     for (Row row : split.changes) {
@@ -284,6 +287,28 @@ public final class VersionedLookup extends StatefulProcessor<Long, Row, Row> {
         headState.update(head.toRow(headLayout));
       }
     }
+  }
+
+  /**
+   * A call with no version whose orders are all decided at once with no state (late, unless
+   * {@code joinLate}; from the future): their decisions added to {@code out}, and true; else
+   * false, with nothing added. Such a call reads and writes nothing (issue 31: a replay or a
+   * catch-up re-reads late orders in bulk, each a head read for nothing). Whatever else the key
+   * has due in this batch (waiting orders, pruning) its timer does, as for a key with no input:
+   * {@link KeyTimers} keeps one registered at or before it.
+   */
+  private boolean decidedWithoutState(List<Row> lookups, long watermark, List<Row> out) {
+    List<Row> decided = new ArrayList<>();
+    for (Row row : lookups) {
+      long flag = late.isNull(row) ? flag(eventMs.getLong(row), watermark) : late.getLong(row);
+      if (flag == ON_TIME_FLAG || (flag == LATE_FLAG && joinLate)) {
+        return false;
+      }
+      Row judged = Rows.with(row, late, flag, columns.schema);
+      decided.add(decide(judged, null, flag == LATE_FLAG ? LookupOutcome.LATE : LookupOutcome.FUTURE));
+    }
+    out.addAll(decided);
+    return true;
   }
 
   /** Versions older than this go at {@code watermark} ({@code event_rules.prune_horizon}). */
