@@ -134,42 +134,99 @@ def split_unsendable(plan: Plan, result: pa.Table, batch_id: int, now_ms: int) -
     """(the result rows the topic can take, dead letters for the others): a row whose primary key
     is NULL (a NULL group value; Flink refuses a NULL into a PRIMARY KEY too), or whose number
     JSON cannot hold (a SUM past a DOUBLE's range is Infinity). Neither is sent nor kept in
-    ``result``; the pipeline goes on."""
-    problems = [None] * result.num_rows
+    ``result``; the pipeline goes on. Found with Arrow compute over whole columns: only the refused
+    rows (rare) are looked at one by one, for their messages."""
+    refused = find_unsendable(result)
+    if not pc.any(refused).as_py():
+        return result, build_unsendable_letters(plan, result.slice(0, 0), batch_id, now_ms)
+    return result.filter(pc.invert(refused)), build_unsendable_letters(plan, result.filter(refused), batch_id, now_ms)
+
+
+def find_unsendable(result: pa.Table) -> pa.Array:
+    """Per result row: True where its key is NULL, or an upsert holds a non-finite DOUBLE."""
+    refused = pc.is_null(result["_key"])
+    upsert = pc.not_equal(result["_op"], "delete")
+    for field in result.schema:
+        if pa.types.is_floating(field.type):
+            non_finite = pc.fill_null(pc.invert(pc.is_finite(result[field.name])), False)
+            refused = pc.or_(refused, pc.and_(upsert, non_finite))
+    return refused.combine_chunks() if isinstance(refused, pa.ChunkedArray) else refused
+
+
+def build_unsendable_letters(plan: Plan, dead: pa.Table, batch_id: int, now_ms: int) -> pa.Table:
+    """The dead letters of the result rows ``find_unsendable`` refused, each with what is wrong."""
     key_name = plan.target.primary_key
-    for index, row in enumerate(result.to_pylist()):
+    problems, payloads = [], []
+    for row in dead.to_pylist():  # the refused rows only
         if row["_key"] is None:
-            problems[index] = (f"result row of INSERT INTO {plan.target.name}: its PRIMARY KEY {key_name!r} is NULL "
-                               "(a NULL group value); not sent")
-        elif row["_op"] != "delete":
+            problems.append(f"result row of INSERT INTO {plan.target.name}: its PRIMARY KEY {key_name!r} is NULL "
+                            "(a NULL group value); not sent")
+        else:
             bad = [name for name, value in row.items() if isinstance(value, float) and value - value != 0.0]
-            if bad:
-                problems[index] = (f"result row of INSERT INTO {plan.target.name}: column {bad[0]!r} is "
-                                   f"{row[bad[0]]}, which JSON cannot hold; not sent")
-    refused = pa.array([problem is not None for problem in problems], pa.bool_())
-    dead = result.filter(refused)
+            problems.append(f"result row of INSERT INTO {plan.target.name}: column {bad[0]!r} is "
+                            f"{row[bad[0]]}, which JSON cannot hold; not sent")
+        payloads.append(json.dumps({k: v for k, v in row.items() if not k.startswith("_")}))
     n = dead.num_rows
     schema = SCHEMAS["dead_letter"]
     columns = {"source_topic": pa.array([plan.target.topic] * n, pa.string()), "source_partition": pa.nulls(n, pa.int32()),
                "source_message_id": pa.nulls(n, pa.string()), "key": dead["_key"],
-               "payload": pa.array([json.dumps({k: v for k, v in row.items() if not k.startswith("_")})
-                                    for row in dead.to_pylist()], pa.string()),
-               "error": pa.array([p for p in problems if p is not None], pa.string()),
+               "payload": pa.array(payloads, pa.string()), "error": pa.array(problems, pa.string()),
                "published_at": pa.nulls(n, TS), "detected_at": pa.array([now_ms] * n, pa.int64()).cast(TS),
                "batch_id": pa.array([batch_id] * n, pa.int64())}
-    dead_letters = pa.Table.from_arrays([columns[f.name].cast(f.type) for f in schema], schema=schema)
-    return result.filter(pc.invert(refused)), dead_letters
+    return pa.Table.from_arrays([columns[f.name].cast(f.type) for f in schema], schema=schema)
+
+
+def build_payloads(plan: Plan, result: pa.Table) -> pa.Array:
+    """Per result row, its message payload (binary): the target's columns as compact JSON in the
+    target's column order, NULLs kept, b"" for a delete. Built with Arrow compute over whole
+    columns, and byte for byte what ``json.dumps(row, separators=(",", ":"))`` gives: a DOUBLE
+    as Python's repr (numpy's shortest round-trip text), strings escaped as json.dumps does
+    (``ensure_ascii``). The rows must have passed ``split_unsendable`` (finite numbers).
+
+    # in:  {"_key": "101", "_op": "upsert", "accountId": "101", "userCount": 3}, {"_key": "100", "_op": "delete", …}
+    # out: b'{"accountId":"101","userCount":3}', b''
+    """
+    names = [c.name for c in plan.target.payload_columns]
+    if not result.num_rows:
+        return pa.array([], pa.binary())
+    parts = []
+    for index, name in enumerate(names):
+        parts.append(("{" if index == 0 else ",") + json.dumps(name) + ":")
+        parts.append(pc.fill_null(encode_json_values(result[name].combine_chunks()), "null"))
+    parts.append("}" if names else "{}")
+    payload = pc.binary_join_element_wise(*parts, "")
+    return pc.if_else(pc.equal(result["_op"], "delete"), "", payload).combine_chunks().cast(pa.binary())
+
+
+# Text json.dumps writes unchanged but for backslash and quote: printable ASCII
+PLAIN_TEXT = r"^[\x20-\x7e]*$"
+
+
+def encode_json_values(values: pa.Array) -> pa.Array:
+    """Each value as JSON text, as json.dumps writes it; NULL stays NULL."""
+    if pa.types.is_string(values.type) or pa.types.is_large_string(values.type):
+        escaped = pc.replace_substring(pc.replace_substring(values, "\\", "\\\\"), '"', '\\"')
+        quoted = pc.binary_join_element_wise('"', escaped, '"', "")
+        plain = pc.fill_null(pc.match_substring_regex(values, PLAIN_TEXT), True)
+        if pc.all(plain).as_py():
+            return quoted
+        # control characters and non-ASCII text (\uXXXX escapes): json.dumps, on those values only
+        others = values.filter(pc.invert(plain))
+        dumped = pa.array([json.dumps(value) for value in others.to_pylist()], pa.string())
+        return pc.replace_with_mask(quoted, pc.invert(plain), dumped)
+    if pa.types.is_floating(values.type):
+        # numpy's str of a float64 is Python's repr (shortest round trip: 100.0, 1e+16, 1e-05)
+        text = pa.array(values.fill_null(0.0).to_numpy(zero_copy_only=False).astype(str), pa.string())
+        return pc.if_else(pc.is_null(values), pa.scalar(None, pa.string()), text)
+    if pa.types.is_integer(values.type) or pa.types.is_boolean(values.type) or pa.types.is_null(values.type):
+        return values.cast(pa.string())  # 42, -7, true, false
+    raise SinkError(f"cannot write a column of Arrow type {values.type} as JSON; expected one of "
+                    f"{', '.join(sorted(ARROW_TYPES))}")
 
 
 def build_messages(plan: Plan, result: pa.Table) -> list[tuple[str, bytes]]:
     """(key, payload) per result row: the target's columns as JSON, b"" for a delete."""
-    names = [c.name for c in plan.target.payload_columns]
-    messages = []
-    for row in result.select(["_key", "_op"] + names).to_pylist():
-        payload = b"" if row["_op"] == "delete" else json.dumps(
-            {name: row[name] for name in names}, separators=(",", ":"), allow_nan=False).encode()
-        messages.append((row["_key"], payload))
-    return messages
+    return list(zip(result["_key"].to_pylist(), build_payloads(plan, result).to_pylist()))
 
 
 def send_messages(producer, messages: list[tuple[str, bytes]]) -> None:
