@@ -9,6 +9,7 @@ STAMP := $(VENV)/.installed
 # rule's prerequisites as it reads the rule).
 LOOKUP_SRC := $(wildcard pipeline/jvm/statefulstreams/*.java)
 LOOKUP_JAR := pipeline/jvm/build/changelog-lookup.jar
+PULSAR_CLIENT_CP := pipeline/jvm/build/pulsar-client.classpath
 # The driver JVM's class-data archive (pipeline/runtime/class_archive.py), built by one run of the job;
 # the stamp records the attempt, so a failed one is not retried on every make.
 CLASS_ARCHIVE := pipeline/jvm/build/spark-classes.stamp
@@ -25,18 +26,26 @@ $(STAMP): requirements.txt
 	$(PY) -m pip install --quiet -r requirements.txt
 	touch $(STAMP)
 
-# The job's Java operators (pipeline/jvm/: the lookups, and the SQL pipelines' join and
-# aggregation), compiled against the pyspark wheel's jars with every warning an error, and rebuilt
-# only when their source or the wheel changes. The job adds the jar with spark.jars. The classpath
+# The job's Java operators (pipeline/jvm/: the lookups, the SQL pipelines' join and
+# aggregation, and their JVM topic sender), compiled against the pyspark wheel's jars and the Java
+# Pulsar client's with every warning an error, and rebuilt only when their source or the wheel changes. The job adds the jar with spark.jars. The classpath
 # leaves out derby's and scala-compiler's jars: their manifests name jars the wheel does not ship
 # (javac's -Xlint:path warning), and the operators use neither.
-$(LOOKUP_JAR): $(LOOKUP_SRC) $(STAMP)
+$(LOOKUP_JAR): $(LOOKUP_SRC) $(STAMP) $(PULSAR_CLIENT_CP)
 	@command -v javac >/dev/null || { echo "installing a JDK to build the lookup operator"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq openjdk-17-jdk-headless >/dev/null; }
 	@cp=$$($(PY) -c "import glob, os, pyspark; jars = glob.glob(os.path.join(os.path.dirname(pyspark.__file__), 'jars', '*.jar')); print(os.pathsep.join(sorted(j for j in jars if not os.path.basename(j).startswith(('derby', 'scala-compiler')))))"); \
 	  rm -rf pipeline/jvm/build/classes && mkdir -p pipeline/jvm/build/classes && \
-	  javac -Xlint:all -Werror --release 17 -cp "$$cp" -d pipeline/jvm/build/classes $(LOOKUP_SRC) && \
+	  javac -Xlint:all -Werror --release 17 -cp "$$cp:$$(cat $(PULSAR_CLIENT_CP))" -d pipeline/jvm/build/classes $(LOOKUP_SRC) && \
 	  jar cf $@.tmp -C pipeline/jvm/build/classes . && mv $@.tmp $@ && echo "built $@"
+
+# The Java Pulsar client's jars, which TopicSink (the SQL pipelines' JVM topic sender) is compiled
+# against and sends with: fetched once by mvn into ~/.cache/stateful-streams/pulsar-client-<version>/
+# (pipeline/sql/jvm_sender.py), their classpath written here for javac.
+$(PULSAR_CLIENT_CP): pipeline/jvm/pulsar_client/pom.xml $(STAMP)
+	@command -v mvn >/dev/null || { echo "installing Maven to fetch the Java Pulsar client"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq maven >/dev/null; }
+	@mkdir -p $(dir $@) && $(PY) -m pipeline.sql.jvm_sender fetch > $@.tmp && mv $@.tmp $@
 
 # Spark's classes archived for a faster driver start; rebuilt when the jar or the venv changes.
 # A failed training run prints one note and leaves Spark to start without it.

@@ -213,3 +213,47 @@ def test_a_batch_with_nothing_to_refuse_keeps_every_row():
                                          "s0_accountId": pa.array([], pa.string()), "agg1": pa.array([], pa.int64())}), 1, 0)
     result, dead = split_unsendable(plan, empty, 1, 0)
     assert result.num_rows == dead.num_rows == 0
+
+
+def test_payloads_are_what_json_dumps_sends_byte_for_byte():
+    """build_payloads (Arrow compute over whole columns) against json.dumps row by row, on the values
+    where they could differ: escapes, non-ASCII, DOUBLE's repr forms, the ends of INT and BIGINT."""
+    import json
+    import random
+
+    from pipeline.sql.sink import build_payloads, result_schema
+
+    wide = TABLE.format(name="wide", columns="k STRING, s STRING, i INT, b BIGINT, d DOUBLE, f BOOLEAN", key="k")
+    plan = build_plan(f"{USERS}\n{wide}\nINSERT INTO wide SELECT uid, accountId, id, CAST(id AS BIGINT), score, "
+                      "id > 0 FROM users;")
+    rnd = random.Random(5)
+    texts = ["", "plain", 'q"uote', "back\\slash", "line\nbreak\t\x00\x1f", "\x7f", "Zoë", "€", "😀", "\u2028", None]
+    doubles = [0.0, -0.0, 1.0, 100.0, 2.5, 1e16, 1e15, 1e-4, 1e-5, 0.1, 1 / 3, 1e22, 5e-324, 1.7976931348623157e308,
+               9007199254740993.0, None] + [rnd.uniform(-1, 1) * 10.0 ** rnd.randint(-30, 30) for _ in range(300)]
+    n = len(doubles)
+    ops = ["delete" if i % 7 == 3 else "upsert" for i in range(n)]
+    columns = {"_key": [f"k{i}" for i in range(n)], "_op": ops, "k": [f"k{i}" for i in range(n)],
+               "s": [texts[i % len(texts)] for i in range(n)], "i": [[-2**31, 2**31 - 1, None, 0][i % 4] for i in range(n)],
+               "b": [[-2**63, 2**63 - 1, None, 7][i % 4] for i in range(n)], "d": doubles,
+               "f": [[True, False, None][i % 3] for i in range(n)], "_batch_id": [1] * n, "_changed_at": [None] * n}
+    schema = result_schema(plan)
+    table = pa.table({f.name: pa.array(columns[f.name], f.type) for f in schema})
+    names = [c.name for c in plan.target.payload_columns]
+    expected = [b"" if row["_op"] == "delete" else json.dumps({name: row[name] for name in names},
+                                                               separators=(",", ":"), allow_nan=False).encode()
+                for row in table.to_pylist()]
+    assert build_payloads(plan, table).to_pylist() == expected
+    halves = pa.concat_tables([table.slice(0, n // 2), table.slice(n // 2)])  # chunked columns
+    assert build_payloads(plan, halves).to_pylist() == expected
+
+
+def test_a_message_batch_for_the_jvm_is_the_columns_arrow_buffers_framed():
+    import struct
+
+    from pipeline.errors import SinkError
+    from pipeline.sql.jvm_sender import encode_batch
+
+    keys, payloads = pa.array(["x", "101", "100"]).slice(1), pa.array([b"zz", b'{"n":3}', b""]).slice(1)
+    assert encode_batch(keys, payloads) == struct.pack("<7i", 2, 0, 3, 6, 0, 7, 7) + b'101100{"n":3}'
+    with pytest.raises(SinkError, match=re.escape("a message batch has 1 NULL keys or payloads")):
+        encode_batch(pa.array(["1", None]), pa.array([b"", b""]))

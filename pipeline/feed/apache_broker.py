@@ -33,6 +33,7 @@ from pathlib import Path
 
 from pipeline.feed.broker import die_with_parent, find_free_port, port_is_open
 from pipeline.errors import BrokerError
+from pipeline.runtime.maven import cache_root, copy_jars, stamp
 
 PULSAR_VERSION = "3.0.7"  # the 3.0 LTS line: runs on Java 17 (4.x needs Java 21)
 POM_DIR = Path(__file__).parent / "apache_pulsar"
@@ -64,42 +65,19 @@ LOG4J2 = """\
 
 def cache_dir() -> Path:
     """Where the jars of this Pulsar version are kept between runs."""
-    base = os.environ.get("SS_APACHE_PULSAR_CACHE") or Path.home() / ".cache" / "stateful-streams"
-    return Path(base) / f"apache-pulsar-{PULSAR_VERSION}"
-
-
-def _stamp(lib: Path) -> Path:
-    return lib / ".complete"
+    return cache_root() / f"apache-pulsar-{PULSAR_VERSION}"
 
 
 def fetch_jars(quiet: bool = True) -> Path:
     """The folder of the broker's jars, copied from Maven Central by ``mvn`` on the first call
     (about 200 MB, under a minute on a warm network) and cached: later calls return at once."""
-    lib = cache_dir() / "lib"
-    if _stamp(lib).exists():
-        return lib
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise BrokerError("fetching Apache Pulsar needs Maven: apt-get install maven")
-    staging = cache_dir() / "lib.partial"
-    shutil.rmtree(staging, ignore_errors=True)
-    command = [mvn, "-B", "-s", str(POM_DIR / "settings.xml"), "-f", str(POM_DIR / "pom.xml"),
-               f"-Dpulsar.version={PULSAR_VERSION}", "dependency:copy-dependencies",
-               f"-DoutputDirectory={staging}", "-DincludeScope=runtime"] + (["-q"] if quiet else [])
-    print(f"fetching Apache Pulsar {PULSAR_VERSION} from Maven Central into {cache_dir()}", file=sys.stderr, flush=True)
-    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if done.returncode != 0 or not (staging / f"pulsar-broker-{PULSAR_VERSION}.jar").exists():
-        tail = "\n".join(done.stdout.strip().splitlines()[-5:])
-        raise BrokerError(f"mvn could not fetch pulsar-broker {PULSAR_VERSION} (exit {done.returncode}): {tail}")
-    shutil.rmtree(lib, ignore_errors=True)
-    staging.rename(lib)
-    _stamp(lib).write_text(PULSAR_VERSION + "\n")
-    return lib
+    return copy_jars(POM_DIR / "pom.xml", cache_dir() / "lib", f"pulsar-broker-{PULSAR_VERSION}.jar",
+                     f"Apache Pulsar {PULSAR_VERSION}", (f"-Dpulsar.version={PULSAR_VERSION}",), quiet)
 
 
 def find_jars() -> Path:
     lib = cache_dir() / "lib"
-    if not _stamp(lib).exists():
+    if not stamp(lib).exists():
         raise BrokerError(f"Apache Pulsar {PULSAR_VERSION} is not fetched (no {str(lib)!r}); "
                           f"run 'make apache-pulsar' or 'python -m pipeline.feed.apache_broker fetch'")
     return lib

@@ -78,12 +78,14 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
 
     from pipeline.runtime.class_archive import driver_java_options
     from pipeline.enrich.lookups import require_jar
+    from pipeline.sql.jvm_sender import client_jars
 
     builder = (
         SparkSession.builder.master(settings["spark.master"]).appName(app_name)
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions(settings)))
-        # The lookup operator's jar: on the driver's classpath, and shipped by Spark to a cluster's executors.
-        .config("spark.jars", str(require_jar()))
+        # The lookup operator's jar: on the driver's classpath, and shipped by Spark to a cluster's
+        # executors; with the Java Pulsar client's jars when fetched (the SQL pipelines' JVM topic sender).
+        .config("spark.jars", ",".join(str(jar) for jar in (require_jar(), *client_jars())))
         # The driver collects each batch's rows for the sinks. Its heap holds a batch at the
         # default bound (job.max_rows_per_batch: 500 entries, about 300k orders) in 1 GB as
         # fast as in 2 GB, and the job's memory is bounded (bench/README.md, stop 24). With the

@@ -42,8 +42,7 @@ from pipeline.sql.progress import make_listener
 from pipeline.sql.settings import idle_timeout_ms, state_ttl_ms
 from pipeline.sql.source import read_parsed, read_source
 from pipeline.sql.statement_set import build_set_frame, result_sink, write_set_batch
-from pipeline.sql.sink import (SqlSinkWriter, build_dead_letters, build_messages, build_result, output_field,
-                               send_messages, split_unsendable)
+from pipeline.sql.sink import SqlSinkWriter, build_dead_letters, build_result, output_field, send_result, split_unsendable
 
 log = logging.getLogger(__name__)
 PIPELINE_FILE = "pipeline.json"
@@ -288,8 +287,24 @@ def build_frame(spark, settings: Settings, plans: tuple[Plan, ...], name: str, s
     return build_set_frame(read_source(spark, settings, source_tables(plans), name, service_url), plans, apply_operators)
 
 
+def build_senders(spark, settings: Settings, plans: tuple[Plan, ...], service_url: str, client) -> tuple[list, list]:
+    """Per INSERT, its ``send(plan, result)`` to its target topic, by ``sql.topic_sender``: Python's
+    client (``client``'s producers), or the JVM's (pipeline/sql/jvm_sender.py); and the JVM's
+    senders, to close when the pipeline stops."""
+    from functools import partial
+
+    if settings["sql.topic_sender"] == "jvm":
+        from pipeline.sql.jvm_sender import open_sinks, send_result_from_jvm
+
+        sinks = open_sinks(spark, service_url, settings["pulsar.auth_token"], [p.target.topic for p in plans])
+        return [partial(send_result_from_jvm, sink) for sink in sinks], sinks
+    from pipeline.feed.producers import create_producer
+
+    return [partial(send_result, create_producer(client, p.target.topic)) for p in plans], []
+
+
 def build_query(spark, settings: Settings, plans: tuple[Plan, ...], name: str, service_url: str, writer: SqlSinkWriter,
-                producers: list, guard=lambda write: write):
+                senders: list, guard=lambda write: write):
     out = build_frame(spark, settings, plans, name, service_url)
 
     def write_batch(batch_df, batch_id: int) -> None:
@@ -300,11 +315,11 @@ def build_query(spark, settings: Settings, plans: tuple[Plan, ...], name: str, s
         table = batch_df.toArrow()
         now = int(time.time() * 1000)
         if len(plans) > 1:
-            write_set_batch(plans, producers, writer, table, batch_id, now)
+            write_set_batch(plans, senders, writer, table, batch_id, now)
         else:
             plan = plans[0]
             result, unsendable = split_unsendable(plan, build_result(plan, table, batch_id, now), batch_id, now)
-            send_messages(producers[0], build_messages(plan, result))
+            senders[0](plan, result)
             dead_letters = pa.concat_tables([build_dead_letters(table, batch_id, now), unsendable])
             writer.commit_batch({"result": result, "dead_letter": dead_letters}, batch_id)
         give_back_freed_memory()
@@ -330,14 +345,15 @@ def run_sql_pipeline(settings: Settings, plan: Plan | tuple[Plan, ...], name: st
     from pipeline.job import connect_broker
     from pipeline.runtime.supervisor import Lifecycle, Supervisor, stop_on_signals
     from pipeline.runtime.spark import deliver_pending_events
-    from pipeline.feed.producers import create_producer
     from pipeline.feed.topics import make_client
+    from pipeline.sql.jvm_sender import close_sinks
 
     with _DATA_DIR_CHECK:
         root = store.sql_dir(store.ensure_data_dir(settings.data_dir), name)
     fd = lock_pipeline(root, name)
     plans = plan if isinstance(plan, tuple) else (plan,)
     own_broker = client = listener = maintenance = None
+    jvm_senders = []
     try:
         check_checkpoint(root, plans, name)
         (root / PIPELINE_FILE).write_text(json.dumps(describe_pipeline(plans, name), indent=2) + "\n")
@@ -348,12 +364,12 @@ def run_sql_pipeline(settings: Settings, plan: Plan | tuple[Plan, ...], name: st
         stop_on_signals(stop)
         service_url, own_broker = connect_broker(settings)
         client = make_client(service_url, token=settings["pulsar.auth_token"])
-        producers = [create_producer(client, p.target.topic) for p in plans]
         if spark is None:
             from pipeline.runtime.spark import build_spark
 
             spark = build_spark(settings, app_name=f"sql-{name}")
             stop_on_signals(stop)
+        senders, jvm_senders = build_senders(spark, settings, plans, service_url, client)
         done = [0]
 
         def on_batch(_batch_id: int) -> None:
@@ -379,7 +395,7 @@ def run_sql_pipeline(settings: Settings, plan: Plan | tuple[Plan, ...], name: st
 
         def start():
             writer.recover(last_committed_batch(checkpoint))
-            return build_query(spark, settings, plans, name, service_url, writer, producers, supervisor.batch)
+            return build_query(spark, settings, plans, name, service_url, writer, senders, supervisor.batch)
 
         supervisor.run(start, committed=lambda: last_committed_batch(checkpoint), failure=lambda: writer.failure)
     finally:
@@ -388,6 +404,7 @@ def run_sql_pipeline(settings: Settings, plan: Plan | tuple[Plan, ...], name: st
         if listener is not None:
             deliver_pending_events(spark)  # the last batch's progress row, before its listener goes
             spark.streams.removeListener(listener)
+        close_sinks(jvm_senders)
         if client is not None:
             client.close()
         if own_broker is not None:

@@ -6,6 +6,8 @@ Per micro-batch the query's output rows (one per changed key: an upsert or a del
   table's column order (``{"accountId":"100","userCount":2}``), an empty payload for a delete.
   Sent and flushed inside the batch, before Spark commits it, so at-least-once: a batch re-run
   after a crash sends the same messages again, which an upsert topic absorbs (same key, same row).
+  Sent by Python's Pulsar client (``send_result``), or with ``sql.topic_sender = jvm`` by the
+  JVM's (pipeline/sql/jvm_sender.py), with the same payloads (``build_payloads``).
 - **the ``result`` sink**: a Delta table of change rows ``_key, _op, <target columns>, _batch_id,
   _changed_at`` under ``<data_dir>/sql/<name>/sinks/result/``; the current result is the latest
   row per ``_key`` whose ``_op`` is ``upsert`` (app/sql_queries.py). Exactly-once for a reader of
@@ -227,6 +229,12 @@ def encode_json_values(values: pa.Array) -> pa.Array:
 def build_messages(plan: Plan, result: pa.Table) -> list[tuple[str, bytes]]:
     """(key, payload) per result row: the target's columns as JSON, b"" for a delete."""
     return list(zip(result["_key"].to_pylist(), build_payloads(plan, result).to_pylist()))
+
+
+def send_result(producer, plan: Plan, result: pa.Table) -> None:
+    """The result rows to the topic with Python's client (``sql.topic_sender = python``), one call per
+    message (the JVM's sender: pipeline/sql/jvm_sender.py send_result_from_jvm)."""
+    send_messages(producer, build_messages(plan, result))
 
 
 def send_messages(producer, messages: list[tuple[str, bytes]]) -> None:

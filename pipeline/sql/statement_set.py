@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from pipeline.sql.envelope import envelope_ddl, make_parser
 from pipeline.sql.plan import Plan
-from pipeline.sql.sink import build_dead_letters, build_messages, build_result, send_messages, split_unsendable
+from pipeline.sql.sink import build_dead_letters, build_result, split_unsendable
 
 INSERT_COLUMN = "_insert"
 
@@ -83,14 +83,14 @@ def unique_dead_letters(dead: pa.Table) -> pa.Table:
     return dead.filter(pa.array(keep, pa.bool_())) if dead.num_rows else dead
 
 
-def write_set_batch(plans: tuple[Plan, ...], producers: list, writer, table: pa.Table, batch_id: int,
+def write_set_batch(plans: tuple[Plan, ...], senders: list, writer, table: pa.Table, batch_id: int,
                     now_ms: int) -> None:
-    """A batch of the union to every INSERT's topic, then one commit of every table (called in
-    foreachBatch, on the driver)."""
+    """A batch of the union to every INSERT's topic (``senders[i](plan, result)``: pipeline/sql/runner.py
+    build_senders), then one commit of every table (called in foreachBatch, on the driver)."""
     tables, dead = {}, []
     for index, (plan, rows) in enumerate(zip(plans, split_set_batch(table, len(plans)))):
         result, unsendable = split_unsendable(plan, build_result(plan, rows, batch_id, now_ms), batch_id, now_ms)
-        send_messages(producers[index], build_messages(plan, result))
+        senders[index](plan, result)
         tables[result_sink(plans, index)] = result
         dead += [build_dead_letters(rows, batch_id, now_ms), unsendable]
     tables["dead_letter"] = unique_dead_letters(pa.concat_tables(dead))
