@@ -119,6 +119,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--orders", type=int, default=200_000, help="orders for the job's baseline (0 = skip it)")
     parser.add_argument("--max-rows", type=int, default=200_000, help="job.max_rows_per_batch")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per measurement")
+    parser.add_argument("--topic-sender", choices=["python", "jvm"], default="python",
+                        help="sql.topic_sender: what sends the pipelines' result rows to their topics")
     parser.add_argument("--skip", action="append", choices=["count", "join", "filter", "stateless"], default=[],
                         help="leave a pipeline out (repeatable)")
     args = parser.parse_args(argv)
@@ -127,7 +129,8 @@ def main(argv=None) -> dict:
     from pipeline.runtime.spark import build_spark
 
     work = Path(tempfile.mkdtemp(prefix="bench-sql-"))
-    figures: dict = {"when": now_utc(), "machine": machine(), "keys": args.keys, "max_rows_per_batch": args.max_rows}
+    figures: dict = {"when": now_utc(), "machine": machine(), "keys": args.keys, "max_rows_per_batch": args.max_rows,
+                     "topic_sender": args.topic_sender}
     with EmbeddedBroker(work / "broker") as broker:
         url = broker.service_url
         topics = {t: f"persistent://public/default/bench-sql-{t}" for t in (
@@ -140,7 +143,8 @@ def main(argv=None) -> dict:
         sent += publish_all(url, topics["user_favorite_cheese"], sides(args.keys, "favoriteCheese", ("brie", "cheddar")))
         figures["publish_msgs_per_s"] = sent / (time.perf_counter() - started)
         settings = load_settings(env={}, cli={"pulsar.service_url": url, "paths.data_dir": str(work / "data"),
-                                              "spark.master": "local[2]", "job.max_rows_per_batch": args.max_rows})
+                                              "spark.master": "local[2]", "job.max_rows_per_batch": args.max_rows,
+                                              "sql.topic_sender": args.topic_sender})
         spark = build_spark(settings, app_name="bench-sql")
         if "count" not in args.skip:
             print("count…", flush=True)

@@ -91,8 +91,8 @@ KEYS: tuple[Key, ...] = (
     Key("enrichment.future_horizon", "1h", setting_values.parse_duration,
         "Event time: an order further than this past the time the changelogs have reached is 'future' (missing_state), "
         "and a message time further than this past its publish time moves no watermark"),
-    # Python's client pays a call per message (about 45k messages/s here); the JVM's client sends a
-    # batch's messages after one Arrow hand-over (pipeline/sql/jvm_sender.py)
+    # Python's client pays a call per message (46k messages/s on this 2-core machine); the JVM's
+    # sends a batch's messages handed over in one call (pipeline/sql/jvm_sender.py)
     Key("sql.topic_sender", "python", setting_values.choice("python", "jvm"),
         "What sends a SQL pipeline's result rows to its topic: Python's Pulsar client, or the JVM's (its jars come "
         "with make setup)"),

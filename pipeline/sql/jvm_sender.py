@@ -23,7 +23,6 @@ from pathlib import Path
 from pipeline.errors import ConfigError, SinkError
 from pipeline.feed.apache_broker import PULSAR_VERSION
 from pipeline.runtime.maven import cache_root, copy_jars, stamp
-from pipeline.sql.sink import build_payloads
 
 POM = Path(__file__).resolve().parents[1] / "jvm" / "pulsar_client" / "pom.xml"
 CLIENT_ARTIFACTS = ("pulsar-client", "pulsar-client-api", "pulsar-client-admin-api")
@@ -104,6 +103,8 @@ def send_from_jvm(sink, keys, payloads) -> int:
 
 def send_result_from_jvm(sink, plan, result) -> None:
     """The result rows (pipeline/sql/sink.py build_result) to ``sink``'s topic."""
+    from pipeline.sql.sink import build_payloads
+
     send_from_jvm(sink, result["_key"], build_payloads(plan, result))
 
 
