@@ -42,7 +42,8 @@ from pipeline.sql.progress import make_listener
 from pipeline.sql.settings import idle_timeout_ms, state_ttl_ms
 from pipeline.sql.source import read_parsed, read_source
 from pipeline.sql.statement_set import build_set_frame, result_sink, write_set_batch
-from pipeline.sql.sink import SqlSinkWriter, build_dead_letters, build_result, output_field, send_result, split_unsendable
+from pipeline.sql.sink import (SqlSinkWriter, build_dead_letters, build_result, build_senders, output_field,
+                               split_unsendable)
 
 log = logging.getLogger(__name__)
 PIPELINE_FILE = "pipeline.json"
@@ -285,22 +286,6 @@ def build_frame(spark, settings: Settings, plans: tuple[Plan, ...], name: str, s
     if len(plans) == 1:
         return apply_operators(read_parsed(spark, settings, plans[0], name, service_url), plans[0])
     return build_set_frame(read_source(spark, settings, source_tables(plans), name, service_url), plans, apply_operators)
-
-
-def build_senders(spark, settings: Settings, plans: tuple[Plan, ...], service_url: str, client) -> tuple[list, list]:
-    """Per INSERT, its ``send(plan, result)`` to its target topic, by ``sql.topic_sender``: Python's
-    client (``client``'s producers), or the JVM's (pipeline/sql/jvm_sender.py); and the JVM's
-    senders, to close when the pipeline stops."""
-    from functools import partial
-
-    if settings["sql.topic_sender"] == "jvm":
-        from pipeline.sql.jvm_sender import open_sinks, send_result_from_jvm
-
-        sinks = open_sinks(spark, service_url, settings["pulsar.auth_token"], [p.target.topic for p in plans])
-        return [partial(send_result_from_jvm, sink) for sink in sinks], sinks
-    from pipeline.feed.producers import create_producer
-
-    return [partial(send_result, create_producer(client, p.target.topic)) for p in plans], []
 
 
 def build_query(spark, settings: Settings, plans: tuple[Plan, ...], name: str, service_url: str, writer: SqlSinkWriter,

@@ -212,7 +212,7 @@ def encode_json_values(values: pa.Array) -> pa.Array:
         plain = pc.fill_null(pc.match_substring_regex(values, PLAIN_TEXT), True)
         if pc.all(plain).as_py():
             return quoted
-        # control characters and non-ASCII text (\uXXXX escapes): json.dumps, on those values only
+        # control characters and non-ASCII text (JSON's \u escapes): json.dumps, on those values only
         others = values.filter(pc.invert(plain))
         dumped = pa.array([json.dumps(value) for value in others.to_pylist()], pa.string())
         return pc.replace_with_mask(quoted, pc.invert(plain), dumped)
@@ -265,3 +265,19 @@ class SqlSinkWriter(DeltaSinks):
 
     def folder(self, sink: str) -> Path:
         return self.root / "sinks" / sink
+
+
+def build_senders(spark, settings, plans: tuple[Plan, ...], service_url: str, client) -> tuple[list, list]:
+    """Per INSERT, its ``send(plan, result)`` to its target topic, by ``sql.topic_sender``: Python's
+    client (``client``'s producers), or the JVM's (pipeline/sql/jvm_sender.py); and the JVM's
+    senders, to close when the pipeline stops."""
+    from functools import partial
+
+    if settings["sql.topic_sender"] == "jvm":
+        from pipeline.sql.jvm_sender import open_sinks, send_result_from_jvm
+
+        sinks = open_sinks(spark, service_url, settings["pulsar.auth_token"], [p.target.topic for p in plans])
+        return [partial(send_result_from_jvm, sink) for sink in sinks], sinks
+    from pipeline.feed.producers import create_producer
+
+    return [partial(send_result, create_producer(client, p.target.topic)) for p in plans], []
