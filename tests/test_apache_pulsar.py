@@ -384,7 +384,8 @@ def test_kill_9_of_the_job_loses_and_repeats_no_order_and_leaves_no_subscription
     topic) may be left behind."""
     from jobproc import JobProcess
 
-    settings = apache_settings_factory(enrichment__max_wait="0s", job__max_rows_per_batch=200)
+    # Batches of 500 entries: the kill lands after the first, and the rest is three more.
+    settings = apache_settings_factory(enrichment__max_wait="0s", job__max_rows_per_batch=500)
     url, topics = settings.service_url, settings.topics
     publish(url, topics["items"], keyed("items", [item(i) for i in range(1, 6)]))
     publish(url, topics["users"], keyed("users", [user(u) for u in range(1, 51)]))
