@@ -65,7 +65,7 @@ def test_statements_split_at_semicolons_outside_strings():
     ("INSERT INTO nowhere (a) SELECT uid FROM users", "INSERT INTO nowhere: no such table"),
     # refused rather than run as something else
     ("INSERT INTO counts (accountId, n) SELECT u.uid, u.id FROM users u LEFT JOIN counts FOR SYSTEM_TIME AS OF u.ts AS c "
-     "ON u.uid = c.accountId", "table 'users' has no WATERMARK FOR; a temporal join needs one on both tables"),
+     "ON u.uid = c.accountId", "table 'users' has no WATERMARK FOR; a temporal join needs one on every table"),
     ("INSERT INTO counts (accountId, n) SELECT u.uid, u.id FROM users u LEFT JOIN users v ON u.uid = v.uid",
      "table 'users' is joined to itself; supported: JOINs of different tables"),
     ("INSERT INTO counts (accountId, n) SELECT accountId, SUM(score) FROM users GROUP BY accountId",

@@ -199,9 +199,9 @@ def test_group_by_over_a_temporal_join_counts_each_order_in_the_group_of_its_ver
 NO_WATERMARK = ORDERS.replace("WATERMARK FOR ts AS ts - INTERVAL '1' SECOND, ", "")
 REFUSED = [  # (case, orders DDL, users DDL, join, AS OF, the one line)
     ("no watermark on the versioned table", ORDERS, USERS.replace("WATERMARK FOR changed AS changed, ", ""),
-     "LEFT JOIN", "o.ts", "table 'users' has no WATERMARK FOR; a temporal join needs one on both tables"),
+     "LEFT JOIN", "o.ts", "table 'users' has no WATERMARK FOR; a temporal join needs one on every table"),
     ("no watermark on the driving table", NO_WATERMARK, USERS, "LEFT JOIN", "o.ts",
-     "table 'orders' has no WATERMARK FOR; a temporal join needs one on both tables"),
+     "table 'orders' has no WATERMARK FOR; a temporal join needs one on every table"),
     ("AS OF a column that does not exist", ORDERS, USERS, "LEFT JOIN", "o.created",
      "AS OF 'o.created': table 'orders' has no column 'created'"),
     ("AS OF a column that is not the time attribute", ORDERS, USERS, "LEFT JOIN", "o.amount",
@@ -277,7 +277,7 @@ def test_the_example_passes_check_and_its_samples_are_its_tables():
 
     path = SQL_DIR / "orders_with_user_as_of.sql"
     plan = build_plan(path.read_text())
-    assert plan.temporal.join_column == "user_id" and not plan.temporal.inner
+    assert [(j.join_column, j.inner) for j in plan.temporal.joins] == [("user_id", False)]
     assert [t.watermark for t in plan.sides] == [("order_time", 5000), ("updated_at", 0)]
     assert len(load_samples(SQL_DIR / "orders_with_user_as_of.messages.jsonl", plan)) == 9
     assert main(["--data-dir", "/tmp/unused-sql-cli", "sql", str(path), "--check"]) == 0

@@ -91,11 +91,13 @@ def describe_joins(plan) -> list[str]:
     time (pipeline/sql/temporal.py) or a foreign-key join's columns and operator
     (pipeline/sql/foreign_key.py); a join on the primary keys is UpsertJoin's, said by the plan's kind."""
     if plan.temporal:
-        driving, versioned, temporal = plan.sides[0], plan.sides[1], plan.temporal
-        return [f"temporal join ({'INNER' if temporal.inner else 'LEFT'}): {driving.name}.{temporal.join_column} = "
-                f"{versioned.name}.{versioned.primary_key} AS OF {driving.name}.{temporal.left_time} (VersionedLookup, "
-                f"event time): each {driving.name} row gets the {versioned.name} version current at its "
-                f"{temporal.left_time}, sent once both tables' watermarks have passed it"]
+        driving, time = plan.sides[0], plan.temporal.left_time
+        every = "both tables'" if len(plan.sides) == 2 else f"all {len(plan.sides)} tables'"
+        return [f"temporal join ({'INNER' if join.inner else 'LEFT'}): {driving.name}.{join.join_column} = "
+                f"{versioned.name}.{versioned.primary_key} AS OF {driving.name}.{time} (VersionedLookup, event "
+                f"time): each {driving.name} row gets the {versioned.name} version current at its {time}, sent once "
+                f"{every} watermarks have passed it" for join in plan.temporal.joins
+                for versioned in [plan.sides[join.side]]]
     lines = []
     for side, of_side, column in plan.foreign_keys:  # one ForeignKeyJoin each, in the order written
         driving, referenced = plan.sides[of_side], plan.sides[side]

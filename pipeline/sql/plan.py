@@ -165,15 +165,17 @@ def build_query(insert: exp.Insert, tables: dict[str, Table], statements: tuple[
     if not isinstance(driving, exp.Table):
         raise UnsupportedSql(f"FROM {driving.sql(dialect=Flink)} is not supported; supported: FROM a table")
     joins = select.args.get("joins") or []
-    if driving.args.get("version") is not None or any(j.this.args.get("version") is not None for j in joins[1:]):
+    temporal_first = bool(joins) and isinstance(joins[0].this, exp.Table) and joins[0].this.args.get("version") is not None
+    if driving.args.get("version") is not None or (not temporal_first and any(
+            j.this.args.get("version") is not None for j in joins[1:])):
         # refused, not run as a regular join: the versions would be today's, not as of the time
         from pipeline.sql.temporal import TEMPORAL
-        raise UnsupportedSql(f"FOR SYSTEM_TIME AS OF on {'FROM' if driving.args.get('version') else 'a second JOIN'} "
-                             f"is not supported; supported: {TEMPORAL}")
+        where = "FROM" if driving.args.get("version") else "a JOIN after a regular JOIN"
+        raise UnsupportedSql(f"FOR SYSTEM_TIME AS OF on {where} is not supported; supported: {TEMPORAL}")
     sides = [_table(tables, driving.name, "FROM")]
     aliases = {(driving.alias_or_name).lower(): 0, driving.name.lower(): 0}
     inner, foreign_keys, temporal = [], [], None
-    if joins and isinstance(joins[0].this, exp.Table) and joins[0].this.args.get("version") is not None:
+    if temporal_first:
         from pipeline.sql.temporal import plan_temporal_join
         temporal = plan_temporal_join(select, tables, sides, aliases, settings or {})
     for join in joins if temporal is None else []:
@@ -186,9 +188,10 @@ def build_query(insert: exp.Insert, tables: dict[str, Table], statements: tuple[
             foreign_keys.append((side, *referencing))
     group = select.args.get("group")
     query = Query(sides, aliases, metadata=not group)
-    if temporal is not None:  # the join's and the times' columns, which no expression may read
-        query.reads += [(0, temporal.join_column), (0, temporal.left_time), (1, temporal.right_time),
-                        (1, sides[1].primary_key)]
+    if temporal is not None:  # the joins' and the times' columns, which no expression may read
+        for n, join in enumerate(temporal.joins):  # in this order: a one-join plan's fingerprint is as it was
+            query.reads += [(0, join.join_column), *([(0, temporal.left_time)] if n == 0 else []),
+                            (join.side, join.time), (join.side, sides[join.side].primary_key)]
     else:
         from pipeline.sql.temporal import refuse_timestamp_columns
         refuse_timestamp_columns(sides)

@@ -75,7 +75,7 @@ def plan_fingerprint(plan: Plan) -> str:
     if plan.foreign_key:
         parts.append(foreign_key_fingerprint(plan))  # operators keyed otherwise than a key join's one
     if plan.temporal is not None:
-        parts.append(["temporal", plan.temporal.__dict__])  # a versioned lookup and a join keyed otherwise
+        parts.append(["temporal", plan.temporal.fingerprint()])  # a versioned lookup and a join keyed otherwise
     if state_ttl_ms(plan.settings):
         # TTL'd state and timers are another layout (its length is not: it may change on a restart)
         parts.append("state ttl")

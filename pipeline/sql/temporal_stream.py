@@ -4,27 +4,29 @@ Called on the driver while the query is built (pipeline/sql/runner.py build_quer
 pipeline/sql/temporal.py's. The query::
 
     source(driving table) ─ parse + times ─ watermark(its WATERMARK delay) ─┐
-    source(versioned table) ─ parse + times ─ watermark(its delay) ──────────┴ union (the least
-      watermark) ─ WHERE on the driving table ─ VersionedLookup (keyed by the join value)
+    source(versioned table) ─ parse + times ─ watermark(its delay) ──────────┤ union (the least
+    [source(next versioned table) ─ … ───────────────────────────────────────┘  watermark)]
+      ─ WHERE on the driving table ─ VersionedLookup per temporal join (keyed by its join value)
       ─ matched? ─ UpsertJoin (keyed by the driving key) [─ GroupAggregate for GROUP BY] ─ SELECT
       expressions ─ sink
 
 - Parse + times run in each source's read tasks (its ``transform``: :func:`parse_timed_batches`).
 - With ``table.exec.source.idle-timeout``, an idle table's source yields heartbeat rows (op
-  ``clock``) that raise its watermark to the other table's; they are dropped after the watermark
-  nodes (pipeline/sql/idle.py).
+  ``clock``) that raise its watermark to the least of the active tables'; they are dropped after
+  the watermark nodes (pipeline/sql/idle.py).
 
 - Times: a row's time is its time attribute; a tombstone (no payload) is placed at its message's
   event time, or its publish time when the producer set none. An upsert whose time attribute is
   NULL or unreadable is a dead letter: it cannot be placed in time.
 - Each table has its own source, so its own watermark node: its newest time minus its WATERMARK
-  delay, and the join's watermark is the least of the two, as Flink's (a table that has sent
+  delay, and the join's watermark is the least of them, as Flink's (a table that has sent
   nothing yet does not hold it back: Spark leaves a node without rows out).
 - VersionedLookup (pipeline/jvm/, the job's event-time operator) keeps each join value's versions
   and decides a driving row once the watermark passes its time, with the version current then
-  (``maxWait`` 0: none after it). Its key is a whole number, so the join value is keyed by its
-  64-bit hash, and the version's own key is carried with it: a version of another key that
-  shares the hash is never joined (the row becomes a dead letter naming it).
+  (``maxWait`` 0: none after it): :func:`_lookup_versions`. Several temporal joins are lookups
+  chained as the job chains its users and items lookups: a row the first decided on time is on
+  time for the next (its ``late`` column), which decides it at once with the version current at
+  its time.
 - A driving row first read below the watermark is late: joined at once with the versions the
   join value still holds (``joinLate``), as Flink's: those at or after the watermark, and the one
   current at it. A row older than that one finds none (INNER drops it, LEFT pads it with NULLs).
@@ -165,7 +167,9 @@ def build_temporal_frame(spark, settings: Settings, plan: Plan, name: str, servi
         # nodes); an idle table's heartbeat row counts here, and goes no further
         frames.append(rows.withColumn(WATERMARK_COLUMN, F.timestamp_millis("event_ms"))
                       .withWatermark(WATERMARK_COLUMN, f"{int(table.watermark[1])} milliseconds"))
-    rows = frames[0].unionByName(frames[1])
+    rows = frames[0]
+    for frame in frames[1:]:
+        rows = rows.unionByName(frame)
     if idle:  # the heartbeats dropped; the test names the watermark column, so Spark cannot push it below the watermark
         stamp = F.col(WATERMARK_COLUMN)
         rows = rows.where(F.when(not_clock, stamp.isNull() | stamp.isNotNull()).otherwise(F.lit(False)))
@@ -176,7 +180,8 @@ def build_temporal_frame(spark, settings: Settings, plan: Plan, name: str, servi
 
 
 def apply_temporal_join(rows, plan: Plan):
-    """Envelope rows with times through VersionedLookup and the per-key UpsertJoin.
+    """Envelope rows with times through a VersionedLookup per temporal join, in the order written,
+    and the per-key UpsertJoin.
 
     # in:  {"key": "o1", "side": 0, "op": "upsert", "s0_user_id": "u1", "event_ms": 1714564800000, …}
     # out: {"key": "o1", "op": "before"|"after"|"delete"|"dead", "s0_…", "s1_name": "Ada", "_pass": true,
@@ -188,48 +193,74 @@ def apply_temporal_join(rows, plan: Plan):
     from pipeline.sql.runner import apply_aggregate, apply_where, select_outputs
 
     spark = rows.sparkSession
-    jvm = spark._jvm.statefulstreams
-    temporal = plan.temporal
-    side, op = F.col("side"), F.col("op")
+    op = F.col("op")
     rows = apply_where(rows, plan)  # a driving row WHERE refuses is a delete of its key, at its time
-    join_key = F.when(side == 0, F.col(field_name(0, temporal.join_column))).otherwise(F.col("key"))
-    roles = (F.when(op == "dead", "pass").when((side == 1) & (op == "upsert"), "set")
-             .when(side == 1, "delete").otherwise("lookup"))
-    rows = rows.select("*", join_key.alias("join_key"), F.when(side == 1, F.col("key")).alias("version_key"),
-                       F.xxhash64(F.coalesce(join_key, F.col("key"))).alias("join_hash"), roles.alias("lookup_role"),
-                       *[F.lit(None).cast(kind).alias(n) for n, kind in LOOKUP_FIELDS[4:]])
+    # the late column: how a driving row's time stood when the first lookup judged it, which the
+    # next ones keep (as the job's chained lookups: a row decided on time is on time for each)
+    rows = rows.withColumn("late", F.lit(None).cast("bigint"))
     used = used_columns(plan)
-    state = [field_name(s, c) for s, c in used if s == 1] + ["version_key"]
-    spec = (jvm.LookupSpec().key("join_hash").role("lookup_role").state(state).found("found")
-            .firstSeen("first_seen_ms").waited("waited_ms").readOrder(["source_partition", "position"]).maxWaitMs(0)
-            .eventMs("event_ms").late("late").asOf("as_of").allowedLatenessMs(0).futureAfterMs(NEVER_FUTURE_MS)
-            .joinLate(True))
-    out = DataFrame(jvm.VersionedLookup.apply(rows._jdf, spec), spark)
-    # the versioned table's rows come out only as late versions (stored all the same): dropped
-    out = out.where((side == 0) | (op == "dead"))
-    found = F.col("found") == "found"
-    matched = found & F.col("version_key").eqNullSafe(F.col("join_key"))
-    collision = found & F.col("join_key").isNotNull() & ~matched & (op == "upsert")
-    out = out.select(*[F.when(matched, F.col(c)).alias(c) if c in state else F.col(c) for c in out.columns])
-    shared = F.concat(F.lit(f"table {plan.sides[0].name!r}: the version found for {temporal.join_column} = "),
-                      F.col("join_key"), F.lit(" is another key's of the same 64-bit hash; not joined"))
-    out = (out.withColumn("error", F.when(collision, shared).otherwise(F.col("error")))
-           .withColumn("op", F.when(collision, "dead").otherwise(op)))
-    passes = [matched] if temporal.inner else []
+    for join in plan.temporal.joins:
+        rows, found = _lookup_versions(rows, plan, join, [field_name(s, c) for s, c in used if s == join.side])
+        rows = rows.withColumn(matched_column(join), found).drop(*[n for n, _ in LOOKUP_FIELDS if n != "late"])
+    passes = [F.col(matched_column(join)) for join in plan.temporal.joins if join.inner]
     passes += [F.expr(f"coalesce({plan.where_joined}, FALSE)")] if plan.where_joined else []
-    # nullable, as every column UpsertJoin does not keep must be: its rows have nulls there
-    out = (out.withColumn("_pass", F.when(op.isNotNull(), True) if not passes else passes[0] if len(passes) == 1
-                          else passes[0] & passes[1]).drop(*[n for n, _ in LOOKUP_FIELDS]))
+    passed = F.when(op.isNotNull(), True)  # nullable, as every column UpsertJoin does not keep must be
+    for condition in passes:
+        passed = passed & condition
+    out = rows.withColumn("_pass", passed).drop("late", *[matched_column(join) for join in plan.temporal.joins])
     values = [field_name(s, c) for s, c in used] + ["_pass"]
-    join = (jvm.JoinSpec().key("key").side("side").op("op").sides([values])
-            .readOrder(["source_partition", "position"]).emitBefore(True))
-    joined = DataFrame(jvm.UpsertJoin.apply(out._jdf, join), spark)
+    join_spec = (spark._jvm.statefulstreams.JoinSpec().key("key").side("side").op("op").sides([values])
+                 .readOrder(["source_partition", "position"]).emitBefore(True))
+    joined = DataFrame(spark._jvm.statefulstreams.UpsertJoin.apply(out._jdf, join_spec), spark)
     if plan.kind != "aggregate":
         return select_outputs(joined, plan)
-    # GROUP BY over the join: a row that fails the join (INNER without a version, WHERE on the
+    # GROUP BY over the join: a row that fails the join (INNER without a version, WHERE on a
     # versioned table) leaves its group, as a deleted row does; the GROUP BY expressions are
     # computed on the joined rows
     joined = joined.select("*", *[F.expr(d.sql).alias(d.name) for d in plan.derived])
     joined = joined.withColumn("op", F.when((op == "after") & ~F.coalesce(F.col("_pass"), F.lit(False)), "delete")
                                .otherwise(op))
     return apply_aggregate(joined, plan)
+
+
+def matched_column(join) -> str:
+    """Whether a driving row found a version in ``join``'s versioned table (between the lookups)."""
+    return f"_matched{join.side}"
+
+
+def _lookup_versions(rows, plan: Plan, join, state: list[str]):
+    """``rows`` through one VersionedLookup: the driving rows (side 0) look up ``join``'s versioned
+    table (its side's rows are its versions, and go no further); other tables' rows pass. Gives
+    the rows, with the side's columns NULL where no version of the join value was found, and the
+    column saying whether one was.
+
+    The lookup's key is a whole number, so the join value is keyed by its 64-bit hash, and the
+    version's own key is carried with it: a version of another key that shares the hash is never
+    joined (the row becomes a dead letter naming it)."""
+    from pyspark.sql import DataFrame
+    from pyspark.sql import functions as F
+
+    spark = rows.sparkSession
+    side, op, versions = F.col("side"), F.col("op"), F.col("side") == join.side
+    join_key = F.when(side == 0, F.col(field_name(0, join.join_column))).otherwise(F.col("key"))
+    roles = (F.when(op == "dead", "pass").when(versions & (op == "upsert"), "set").when(versions, "delete")
+             .when(side == 0, "lookup").otherwise("pass"))
+    rows = rows.select("*", join_key.alias("join_key"), F.when(versions, F.col("key")).alias("version_key"),
+                       F.xxhash64(F.coalesce(join_key, F.col("key"))).alias("join_hash"), roles.alias("lookup_role"),
+                       *[F.lit(None).cast(kind).alias(n) for n, kind in LOOKUP_FIELDS[4:] if n != "late"])
+    spec = (spark._jvm.statefulstreams.LookupSpec().key("join_hash").role("lookup_role").state(state + ["version_key"])
+            .found("found").firstSeen("first_seen_ms").waited("waited_ms").readOrder(["source_partition", "position"])
+            .maxWaitMs(0).eventMs("event_ms").late("late").asOf("as_of").allowedLatenessMs(0)
+            .futureAfterMs(NEVER_FUTURE_MS).joinLate(True))
+    out = DataFrame(spark._jvm.statefulstreams.VersionedLookup.apply(rows._jdf, spec), spark)
+    # the versioned table's rows come out only as late versions (stored all the same): dropped
+    out = out.where(~versions | (op == "dead"))
+    found = F.col("found") == "found"
+    matched = found & F.col("version_key").eqNullSafe(F.col("join_key"))
+    collision = found & F.col("join_key").isNotNull() & ~matched & (op == "upsert") & (side == 0)
+    out = out.select(*[F.when(matched, F.col(c)).alias(c) if c in state else F.col(c) for c in out.columns])
+    shared = F.concat(F.lit(f"table {plan.sides[0].name!r}: the version found for {join.join_column} = "),
+                      F.col("join_key"), F.lit(" is another key's of the same 64-bit hash; not joined"))
+    out = (out.withColumn("error", F.when(collision, shared).otherwise(F.col("error")))
+           .withColumn("op", F.when(collision, "dead").otherwise(op)))
+    return out, F.coalesce(matched, F.lit(False))
