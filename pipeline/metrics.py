@@ -149,7 +149,8 @@ def read_events(data_dir: Path, kinds: tuple[str, ...] = ()) -> list[dict]:
     return [row for row in read_rows(data_dir, "events") if not kinds or row.get("kind") in kinds]
 
 
-def _offset(text) -> dict:
+def source_offset(text) -> dict:
+    """A source's offset in a progress event (JSON text, or already parsed) as a dict; {} for none."""
     if not text:
         return {}
     return json.loads(text) if isinstance(text, str) else text
@@ -222,8 +223,8 @@ def build_progress_row(progress: dict, trigger_interval_ms: int, sink_rows: dict
     """Our ``progress`` row from Spark's StreamingQueryProgress JSON (see the module docstring)."""
     ts = int(datetime.strptime(progress["timestamp"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp() * 1000)
     source = (progress.get("sources") or [{}])[0]
-    end = _offset(source.get("endOffset"))
-    topics = topic_rows(_offset(source.get("startOffset")), end, _offset(source.get("latestOffset")),
+    end = source_offset(source.get("endOffset"))
+    topics = topic_rows(source_offset(source.get("startOffset")), end, source_offset(source.get("latestOffset")),
                         rows_from_progress(progress))
     # Spark lists state operators from the top of the plan down (a pre-order walk), so the
     # last stage comes first: the item lookup, then the user lookup (operator ids 0 and 1).
@@ -238,8 +239,8 @@ def build_progress_row(progress: dict, trigger_interval_ms: int, sink_rows: dict
     return {
         "ts": progress["timestamp"], "ts_ms": ts, "query_id": progress.get("id"), "run_id": progress.get("runId"),
         "batch_id": progress["batchId"], "num_input_rows": progress.get("numInputRows", 0),
-        "input_rows_per_second": _finite(progress.get("inputRowsPerSecond")),
-        "processed_rows_per_second": _finite(progress.get("processedRowsPerSecond")),
+        "input_rows_per_second": finite_or_zero(progress.get("inputRowsPerSecond")),
+        "processed_rows_per_second": finite_or_zero(progress.get("processedRowsPerSecond")),
         "trigger_interval_ms": trigger_interval_ms, "batch_duration_ms": progress.get("batchDuration", 0),
         "duration_ms": progress.get("durationMs") or {}, "topics": topics, **orders_admission(end), "state": state,
         "sink_rows": sink_rows or dict.fromkeys(store.SINKS, 0),
@@ -247,7 +248,8 @@ def build_progress_row(progress: dict, trigger_interval_ms: int, sink_rows: dict
     }
 
 
-def _finite(value) -> float:
+def finite_or_zero(value) -> float:
+    """A progress event's rate as a float: 0.0 for none, text that is no number, NaN or infinity."""
     try:
         number = float(value)
     except (TypeError, ValueError):

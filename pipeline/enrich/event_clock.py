@@ -207,10 +207,10 @@ class EventClockListener(ProgressListener):
             self.newest[name] = max(self.newest.get(name, newest), newest)
         self.keep_newest(progress["batchId"])
         source = (progress.get("sources") or [{}])[0]
-        self.through = metrics._offset(source.get("endOffset")) or None
+        self.through = metrics.source_offset(source.get("endOffset")) or None
         backlog = {}
         for name, (generation, position, unread) in partition_positions(
-                metrics._offset(source.get("endOffset")), metrics._offset(source.get("latestOffset"))).items():
+                metrics.source_offset(source.get("endOffset")), metrics.source_offset(source.get("latestOffset"))).items():
             if self.positions.get(name) != (generation, position):
                 self.positions[name] = (generation, position)
                 self.last_moved_ms[name] = ts_ms

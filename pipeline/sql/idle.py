@@ -25,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.enrich.event_clock import idle_topics, partition_positions
-from pipeline.metrics import _offset
+from pipeline.metrics import source_offset
 from pipeline.source.clock import write_clock_file
 
 NEWEST_OBSERVED = "sql_newest_side_{side}"  # a table's newest event time in a batch (observed metric)
@@ -79,7 +79,7 @@ class IdleClock:
             if value is not None:
                 self.newest[side] = max(int(value), self.newest[side] if self.newest[side] is not None else int(value))
         for source in progress.get("sources") or []:
-            end, latest = _offset(source.get("endOffset")), _offset(source.get("latestOffset"))
+            end, latest = source_offset(source.get("endOffset")), source_offset(source.get("latestOffset"))
             for name, (generation, position, unread) in partition_positions(end, latest).items():
                 if self.positions.get(name) != (generation, position):
                     self.positions[name] = (generation, position)

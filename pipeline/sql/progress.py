@@ -14,7 +14,7 @@ import logging
 import time
 from datetime import datetime, timezone
 
-from pipeline.metrics import _finite, _offset, topic_rows
+from pipeline.metrics import finite_or_zero, source_offset, topic_rows
 from pipeline.source.counts import rows_from_progress
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ def build_sql_progress_row(progress: dict, sink_rows: dict | None) -> dict:
              .replace(tzinfo=timezone.utc).timestamp() * 1000)
     # one source, or one per table (a temporal join's): their topics' offsets together
     sources = progress.get("sources") or [{}]
-    start, end, latest = ({topic: offset for source in sources for topic, offset in _offset(source.get(part)).items()}
+    start, end, latest = ({topic: offset for source in sources for topic, offset in source_offset(source.get(part)).items()}
                           for part in ("startOffset", "endOffset", "latestOffset"))
     topics = topic_rows(start, end, latest, rows_from_progress(progress))
     backlogs = [topic["backlog"] for topic in topics if topic["backlog"] is not None]
@@ -40,8 +40,8 @@ def build_sql_progress_row(progress: dict, sink_rows: dict | None) -> dict:
         "ts": progress["timestamp"], "ts_ms": ts, "query_id": progress.get("id"), "batch_id": progress["batchId"],
         "rows_in": progress.get("numInputRows", 0), "rows_out": sum(n for sink, n in counts.items() if sink.startswith("result")),
         "dead_letters": counts.get("dead_letter", 0),
-        "input_rows_per_second": _finite(progress.get("inputRowsPerSecond")),
-        "processed_rows_per_second": _finite(progress.get("processedRowsPerSecond")),
+        "input_rows_per_second": finite_or_zero(progress.get("inputRowsPerSecond")),
+        "processed_rows_per_second": finite_or_zero(progress.get("processedRowsPerSecond")),
         "batch_duration_ms": progress.get("batchDuration", 0),
         "lag": sum(backlogs) if backlogs else None, "topics": topics,
         "state_rows": sum(op.get("numRowsTotal", 0) for op in operators),
