@@ -1,4 +1,4 @@
-"""`make test`: the whole suite as six pytest sessions in three lanes that run at the same time.
+"""`make test`: the whole suite as seven pytest sessions in three lanes that run at the same time.
 
 Most of a services test's time is spent waiting (a job's JVM starting, a trigger, a broker), so on
 two cores the suite finishes sooner as sessions side by side than as one:
@@ -6,15 +6,17 @@ two cores the suite finishes sooner as sessions side by side than as one:
     lane 1: services   the job, the console, the broker (pulsar-lite and the SparkSession) and the
                        job on a standalone cluster
     lane 2: sql        the SQL pipelines' services tests, then
-            processes  the demo's and the chaos tests, whose jobs run in processes of their own
+            crash      the chaos tests (tests/test_crash.py), whose jobs run in processes of their own
     lane 3: apache     against Apache Pulsar's JVM (tests/test_apache_pulsar.py), then fast (no
                        broker, no Spark), then
-            order      the job read in a hard order: a backlog, partitions, event time's model
+            order      the job read in a hard order: a backlog, partitions, event time's model, then
+            demo       `make demo`'s processes (tests/test_demo.py)
 
 The lanes are balanced by measured times (2026-11-27, 2 cores, a clean clone of 962fbc5:
 services 1,190 s, sql 833, processes 395, apache 615, fast 187, backlog 177; then 172 s of event
-time's model and partitions tests moved from services to order, and the 67 s cluster test from
-processes to services), so they end near one another and the longest sets the wall time.
+time's model and partitions tests moved from services to order, the 67 s cluster test from
+processes to services, and the 98 s demo test to lane 3), so they end near one another and the
+longest sets the wall time.
 
 Each session still has one broker and one SparkSession of its own; the marker expressions and the
 split of the services tests by file cover every test exactly once. Lane 1 prints as it goes; the
@@ -38,18 +40,20 @@ ROOT = Path(__file__).resolve().parent.parent
 FAST = "not e2e and not services and not browser and not apache"
 SERVICES = f"not apache and not ({FAST})"
 SQL_FILES = "tests/test_sql_*.py"  # the SQL pipelines' tests: lane 2 runs their services tests
-PROCESS_FILES = ("tests/test_demo.py", "tests/test_crash.py")  # lane 2, after sql
+CRASH_FILES = ("tests/test_crash.py",)  # lane 2, after sql
+DEMO_FILES = ("tests/test_demo.py",)  # lane 3, last
 ORDER_FILES = ("tests/test_backlog.py", "tests/test_event_time_model.py", "tests/test_event_time_partitions.py")  # lane 3, last
 TIERS = {  # name: pytest arguments
     "services": ["-m", SERVICES, f"--ignore-glob={SQL_FILES}",
-                 *(f"--ignore={f}" for f in PROCESS_FILES + ORDER_FILES)],
+                 *(f"--ignore={f}" for f in CRASH_FILES + DEMO_FILES + ORDER_FILES)],
     "sql": ["-m", SERVICES, *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob(SQL_FILES))],
     "fast": ["-m", FAST],
     "apache": ["-m", "apache"],
-    "processes": ["-m", SERVICES, *PROCESS_FILES],
+    "crash": ["-m", SERVICES, *CRASH_FILES],
+    "demo": ["-m", SERVICES, *DEMO_FILES],
     "order": ["-m", SERVICES, *ORDER_FILES],
 }
-LANES = (("services",), ("sql", "processes"), ("apache", "fast", "order"))
+LANES = (("services",), ("sql", "crash"), ("apache", "fast", "order", "demo"))
 
 
 def run_lane(tiers: tuple[str, ...], extra: list[str], codes: dict, out) -> None:
