@@ -115,6 +115,22 @@ def test_an_estimate_from_few_batched_entries_admits_few_more_and_one_message_en
     assert EntrySize(42, 4200, entries=1).most_entries() == planning.RAMP
     assert EntrySize(1, 300, entries=1).most_entries() is None  # unbatched: each entry one message
     assert planning.cold_size(None).most_entries() is None  # a guess already errs small
+    # a sample is one read task's: the partition's last grant, when more, is what the batch grows from
+    assert EntrySize(1000, 100_000, entries=10).most_entries(granted_before=40) == 4 * 40
+
+
+def test_a_partition_read_by_several_tasks_reaches_the_cap_in_a_few_batches():
+    """Each read task records its own sample (10 entries of 1,000 messages here, a quarter of a
+    grant), so the batches would stay at 4 × 10 entries, 40,000 rows against a cap of 200,000."""
+    key, grants = "users\x000", []
+    for _ in range(5):
+        granted = grants[-1] if grants else 0
+        sample = EntrySize(1000, 100_000, entries=max(1, granted // 4) if granted else 10)
+        cost = {key: sample.cost(200_000, None)}
+        plan = plan_batch(planning.within_estimates({key: 10_000}, {key: sample}, set(), {key: granted} if granted else {}),
+                          cost, set(), 0, 10)
+        grants.append(plan.grants[key])
+    assert grants == [40, 160, 200, 200, 200]
 
 
 def test_a_batch_offers_only_what_each_estimate_vouches_for_except_the_changelogs():

@@ -5,19 +5,13 @@ Every message becomes exactly one envelope row: an upsert, a delete (tombstone),
 dead letter with its one-line error. Nothing is dropped here, so nothing is lost, and no message
 can fail the batch. ``rules.route_messages`` is the specification, message by message in Python.
 
-Most payloads are plain JSON objects, and those are read column-wise: one pyarrow JSON read per
-Arrow batch into the topic's typed columns, and vectorised checks of what the wire contract
-asks (required fields present and not null, finite numbers, times in range). A payload goes
-message by message through ``route_messages`` instead whenever the two could differ:
+Most payloads are plain JSON objects, and those are read column-wise (pipeline/json_columns.py:
+one pyarrow JSON read per Arrow batch into the topic's typed columns, where Python's json would
+read them alike), with vectorised checks of what the wire contract asks (required fields present
+and not null, finite numbers, times in range). A payload goes message by message through
+``route_messages`` instead whenever the two could differ:
 
-- before reading, any payload that is not valid UTF-8, not ``{…}``, over 4 KiB, or that holds
-  ``\\u`` escapes, a control byte, ``NaN``/``Infinity``, or any nesting (a ``[``, or a second
-  ``{``) (Python's json and Arrow's disagree on exactly these: lone surrogates, BOMs, nesting
-  depth, non-JSON numbers; the wire's records are flat, so nesting is rare and one regular
-  expression finds all of them);
-- any group of payloads Arrow refuses (a mistyped field, a duplicated one, an integer past 64
-  bits, invalid JSON: the group is halved until the culprits are alone), or that read as another
-  number of rows than payloads;
+- a payload json_columns does not read (not plain, or refused by Arrow);
 - any row whose typed values fail a check: its error text comes from ``route_messages``;
 - in event time, any message of a kind timed by its message's time whose time the source
   could not hold (its ``time_error``, with no ``event_time``): ``route_messages`` makes it a
@@ -29,14 +23,13 @@ would give (tests/test_parse.py holds the two to each other over fuzzed batches)
 
 from __future__ import annotations
 
-import io
 from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.json as pj
 
 from pipeline import wire
+from pipeline.json_columns import in_read_order, parse_options, plain_payloads, read_groups
 from pipeline.source.rows import CLOCK_KIND
 from pipeline.enrich import rules
 
@@ -53,14 +46,9 @@ DECIDED_SCHEMA = pa.schema([ENVELOPE_ARROW_SCHEMA.field(name) for name in ENVELO
 # moves the watermark (lookups.with_event_watermarks) and is dropped right after.
 TICK = "tick"
 
-FAST_MAX_BYTES = 4096
-SLOW_GROUP = 16  # a refused group this small goes message by message
-# what Python's json and Arrow's JSON reader read differently (see the module docstring)
-_SUSPECT = r"\\u|[\x00-\x1f]|NaN|Infinity|\[|\{.*\{"
 _ARROW_KIND = {int: pa.int64(), float: pa.float64(), str: pa.string()}
 _WIRE_SCHEMAS = {kind: pa.schema([(f.name, _ARROW_KIND[f.kind]) for f in fields]) for kind, fields in wire.FIELDS.items()}
-_PARSE_OPTIONS = {kind: pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore",
-                                        newlines_in_values=False) for kind, schema in _WIRE_SCHEMAS.items()}
+_PARSE_OPTIONS = {kind: parse_options(schema) for kind, schema in _WIRE_SCHEMAS.items()}
 
 
 def parse_batches(batches: Iterator[pa.RecordBatch],
@@ -105,12 +93,12 @@ def decide_batch(batch: pa.RecordBatch, timed_by_message: tuple[str, ...] = ()) 
         return _slow(batch.column("kind").to_pylist(), batch.column("key").to_pylist(),
                      batch.column("value").to_pylist(), problems.to_pylist(), timed_by_message)
     kind, values = kinds[0], batch.column("value")
-    plain = _plain_payloads(values)
+    plain = plain_payloads(values)
     if kind in timed_by_message and problems.null_count < len(problems):  # rare: route_messages names the time
         plain = pc.and_(plain, pc.is_null(problems))
     fast_rows = pc.indices_nonzero(plain)
     pieces, slow_rows = [], pc.indices_nonzero(pc.invert(plain)).to_pylist()
-    for offset, count, table in _read_groups(kind, values.take(fast_rows), 0):
+    for offset, count, table in read_groups(values.take(fast_rows), _PARSE_OPTIONS[kind]):
         rows = fast_rows[offset:offset + count]
         if table is None:  # refused: message by message
             slow_rows.extend(rows.to_pylist())
@@ -129,11 +117,7 @@ def decide_batch(batch: pa.RecordBatch, timed_by_message: tuple[str, ...] = ()) 
         parts.append(_slow([kind] * len(slow_rows), keys, values.take(slow_rows).to_pylist(),
                            problems.take(slow_rows).to_pylist(), timed_by_message))
         order.append(pa.array(slow_rows, pa.uint64()))
-    if len(parts) <= 1:  # all rows in one part, in order
-        return parts[0] if parts else _slow([], [], [], [], ())
-    merged = pa.Table.from_batches(parts, schema=DECIDED_SCHEMA)
-    rows = pa.chunked_array([r.cast(pa.uint64()) for r in order]).combine_chunks()
-    return merged.take(pc.sort_indices(rows)).combine_chunks().to_batches()[0]
+    return in_read_order(parts, order, DECIDED_SCHEMA) if parts else _slow([], [], [], [], ())
 
 
 def _time_problems(batch: pa.RecordBatch) -> pa.Array:
@@ -146,35 +130,6 @@ def _time_problems(batch: pa.RecordBatch) -> pa.Array:
     if errors.null_count == len(errors):
         return errors
     return pc.if_else(pc.is_null(batch.column("event_time")), errors, pa.scalar(None, pa.string()))
-
-
-def _plain_payloads(values: pa.Array) -> pa.Array:
-    """Which payloads Python's json and Arrow's reader are known to read alike (never null)."""
-    length = pc.binary_length(values)
-    plain = pc.and_kleene(pc.and_kleene(pc.starts_with(values, "{"), pc.ends_with(values, "}")),
-                          pc.less_equal(length, FAST_MAX_BYTES))
-    plain = pc.and_kleene(plain, pc.invert(pc.match_substring_regex(values, _SUSPECT)))
-    return pc.fill_null(plain, False)
-
-
-def _read_groups(kind: str, payloads: pa.Array, offset: int) -> list[tuple[int, int, pa.Table | None]]:
-    """(offset, count, typed table) for each group of payloads Arrow reads one row each; the
-    table is None for a refused group of SLOW_GROUP or fewer (they go message by message)."""
-    if not len(payloads):
-        return []
-    try:
-        payloads.cast(pa.string())  # Arrow's reader does not check UTF-8
-        data = b"\n".join(payloads.to_pylist())
-        table = pj.read_json(io.BytesIO(data), read_options=pj.ReadOptions(use_threads=False, block_size=len(data) + 1),
-                             parse_options=_PARSE_OPTIONS[kind])
-        if table.num_rows == len(payloads):
-            return [(offset, len(payloads), table)]
-    except Exception:  # noqa: BLE001 - any refusal: halve the group and find the culprits
-        pass
-    if len(payloads) <= SLOW_GROUP:
-        return [(offset, len(payloads), None)]
-    half = len(payloads) // 2
-    return _read_groups(kind, payloads.slice(0, half), offset) + _read_groups(kind, payloads.slice(half), offset + half)
 
 
 def _passes_checks(kind: str, table: pa.Table) -> pa.Array:

@@ -145,6 +145,7 @@ class PulsarStreamReader(DataSourceStreamReader):
         self._partitions_at = 0.0
         # (kind, partition) -> what one entry holds, as last planned with (read tasks' samples or a guess)
         self._sizes: dict[tuple[str, str], planning.EntrySize] = {}
+        self._granted: dict[str, int] = {}  # per partition, the entries its last batch with any was granted
 
     def __setstate__(self, state):
         self.__dict__.update(state)
@@ -216,8 +217,9 @@ class PulsarStreamReader(DataSourceStreamReader):
         else:
             cost = {key: size.cost(max_rows, self.max_bytes) for key, size in sizes.items()}
             firsts = {key for key in available if key.split("\x00")[0] in first}
-            plan = planning.plan_batch(planning.within_estimates(available, sizes, firsts), cost, firsts, held_for,
-                                       self.share_after)
+            plan = planning.plan_batch(planning.within_estimates(available, sizes, firsts, self._granted), cost, firsts,
+                                       held_for, self.share_after)
+            self._granted.update({key: grant for key, grant in plan.grants.items() if grant})
         if any(kind in first for kind, _ in probes_due):  # a changelog not planned yet: orders wait for it
             plan = planning.Plan({key: grant if key.split("\x00")[0] in first else 0 for key, grant in plan.grants.items()},
                                  held_for, False)

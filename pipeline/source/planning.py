@@ -52,14 +52,17 @@ class EntrySize:
         parts = [self.messages / max_messages if max_messages else 0.0, self.bytes / max_bytes if max_bytes else 0.0]
         return max(max(parts), 1e-12)
 
-    def most_entries(self) -> int | None:
+    def most_entries(self, granted_before: int = 0) -> int | None:
         """The most entries a batch may admit on this estimate: :data:`RAMP` times the entries it
-        was learnt from (None: no limit, a guess already errs small). A batching producer's first
-        entry is often a short one (42 orders, then entries of about 360: a batch planned on the
-        first read 3,958 orders against a cap of 500), so an estimate from few entries grows the
-        batch step by step. Entries of one message each (pulsar-client's default producer) are
-        what they seem: no limit then."""
-        return RAMP * self.entries if self.entries and self.messages > 1 else None
+        was learnt from, or times what the partition's last batch was granted when more (None: no
+        limit, a guess already errs small). A batching producer's first entry is often a short one
+        (42 orders, then entries of about 360: a batch planned on the first read 3,958 orders
+        against a cap of 500), so an estimate from few entries grows the batch step by step. A
+        sample is one read task's (a range is read by several tasks), so its entries alone would
+        hold every batch at 4 × a task's share: 40 of 200 entries a batch, a fifth of the cap.
+        Entries of one message each (pulsar-client's default producer) are what they seem: no
+        limit then."""
+        return RAMP * max(self.entries, granted_before) if self.entries and self.messages > 1 else None
 
 
 def cold_size(newest_entry_messages: int | None) -> EntrySize:
@@ -84,11 +87,14 @@ def share_budget(available: dict[str, int], cost: dict[str, float], budget: floa
     return grants
 
 
-def within_estimates(available: dict[str, int], sizes: dict[str, EntrySize], first: set[str]) -> dict[str, int]:
+def within_estimates(available: dict[str, int], sizes: dict[str, EntrySize], first: set[str],
+                     granted_before: dict[str, int] | None = None) -> dict[str, int]:
     """The entries each partition may offer a batch: all it has for ``first`` (the changelogs:
     orders are admitted only once they have had every entry), otherwise at most what its
-    estimate vouches for (:meth:`EntrySize.most_entries`)."""
-    limits = {key: None if key in first else sizes[key].most_entries() for key in available}
+    estimate vouches for (:meth:`EntrySize.most_entries`, given the entries the partition's
+    last batch was granted, ``granted_before``)."""
+    before = granted_before or {}
+    limits = {key: None if key in first else sizes[key].most_entries(before.get(key, 0)) for key in available}
     return {key: count if limits[key] is None else min(count, limits[key]) for key, count in available.items()}
 
 
