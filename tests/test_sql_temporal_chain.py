@@ -19,14 +19,13 @@ from factories import publish, publish_timed
 from pipeline.sql.plan import build_plan
 from pipeline.sql.sqltypes import UnsupportedSql
 from sqlhelp import Running, fresh_topics, latest_per_key, message, read_topic
+from test_sql_temporal import ORDERS as TEMPORAL_ORDERS
 from test_sql_temporal import T, USERS, WITH, at, user
 from waiting import wait_for
 
-ORDERS = ("CREATE TABLE orders (id STRING, user_id STRING, item_id STRING, amount DOUBLE, ts TIMESTAMP(3), "
-          "WATERMARK FOR ts AS ts - INTERVAL '1' SECOND, PRIMARY KEY (id) NOT ENFORCED) "
-          + WITH.format(name="orders") + ";")
-ITEMS = ("CREATE TABLE items (id STRING, price DOUBLE, changed TIMESTAMP(3) METADATA FROM 'eventTime' VIRTUAL, "
-         "WATERMARK FOR changed AS changed, PRIMARY KEY (id) NOT ENFORCED) " + WITH.format(name="items") + ";")
+# the single join's tables (tests/test_sql_temporal.py), orders with an item, and items versioned as users are
+ORDERS = TEMPORAL_ORDERS.replace("user_id STRING,", "user_id STRING, item_id STRING,")
+ITEMS = USERS.replace("TABLE users (id STRING, name STRING", "TABLE items (id STRING, price DOUBLE").replace("/users'", "/items'")
 OUT = ("CREATE TABLE out (id STRING, name STRING, price DOUBLE, amount DOUBLE, PRIMARY KEY (id) NOT ENFORCED) "
        + WITH.format(name="out") + ";")
 CHAIN = ("INSERT INTO out SELECT o.id, u.name, i.price, o.amount FROM orders AS o "
