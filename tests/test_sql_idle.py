@@ -31,6 +31,12 @@ def test_an_idle_tables_heartbeat_puts_its_watermark_at_the_active_tables(newest
     assert heartbeats(newest, {0: 1_000, 1: 0}, idle) == expected
 
 
+def test_with_temporal_joins_one_after_another_an_idle_table_is_raised_to_the_least_active_watermark():
+    # orders (delay 1 s) at 10 s, users idle at 4 s, items at 8 s: the active tables' least watermark is 8 s
+    assert heartbeats({0: 10_000, 1: 4_000, 2: 8_000}, {0: 1_000, 1: 0, 2: 0}, {1}) == {1: 8_000}
+    assert heartbeats({0: 10_000, 1: 4_000, 2: 3_000}, {0: 1_000, 1: 0, 2: 0}, {1, 2}) == {1: 9_000, 2: 9_000}
+
+
 def progress(orders_n: int, users_n: int, newest: dict[int, int | None], backlog: int = 0) -> dict:
     def offsets(table: str, n: int) -> dict:
         return {"endOffset": json.dumps({table: {"gen": 0, "parts": {"-1": {"n": n}}}}),
