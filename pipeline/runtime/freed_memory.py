@@ -14,6 +14,11 @@ from __future__ import annotations
 # The pool every Python process of the job allocates Arrow memory from: the system allocator
 # hands freed memory back (a read worker: about 360 -> 220 to 320 MB; bench/README.md, stop 23).
 ARROW_POOL_VARIABLE, ARROW_POOL = "ARROW_DEFAULT_MEMORY_POOL", "system"
+# glibc's malloc arenas in the JVM (and its Python workers): at most two. With one per thread,
+# the JVM's memory outside the JVM's own tracking grew about 19 MB a minute once RocksDB's block
+# cache was full and evicting (freed blocks kept by arenas no thread reuses); with two it stayed
+# under 150 MB over 50 minutes, its batches as fast (bench/README.md, 2026-11-27).
+MALLOC_ARENAS_VARIABLE, MALLOC_ARENAS = "MALLOC_ARENA_MAX", "2"
 
 
 def give_back_freed_memory() -> None:

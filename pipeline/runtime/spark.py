@@ -10,7 +10,7 @@ import os
 import sys
 
 from pipeline.config import Settings
-from pipeline.runtime.freed_memory import ARROW_POOL, ARROW_POOL_VARIABLE
+from pipeline.runtime.freed_memory import ARROW_POOL, ARROW_POOL_VARIABLE, MALLOC_ARENAS, MALLOC_ARENAS_VARIABLE
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 # The code Spark generates to turn the lookups' Java rows back into its own format is one method
@@ -72,6 +72,7 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
     # The Python workers (local: they inherit this environment) allocate Arrow memory from the
     # system allocator, which hands freed memory back (pipeline/runtime/freed_memory.py).
     os.environ.setdefault(ARROW_POOL_VARIABLE, ARROW_POOL)
+    os.environ.setdefault(MALLOC_ARENAS_VARIABLE, MALLOC_ARENAS)  # the JVM started below, and its workers
     if settings["spark.master"].startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
@@ -115,6 +116,7 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
             "-Xss16m", JIT_OPTIONS, driver_java_options(), settings["spark.extra_java_options"]))))
         .config("spark.executor.extraJavaOptions", JIT_OPTIONS)
         .config(f"spark.executorEnv.{ARROW_POOL_VARIABLE}", ARROW_POOL)  # a cluster's Python workers
+        .config(f"spark.executorEnv.{MALLOC_ARENAS_VARIABLE}", MALLOC_ARENAS)  # a cluster's executors
     )
     for key, value in {**STATE_STORE_CONF, **UI_RETENTION_CONF}.items():
         builder = builder.config(key, value)
