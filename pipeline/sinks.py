@@ -297,16 +297,19 @@ class DeltaSinks:
         """The newest batch each table holds (-1 for none)."""
         return {name: committed_batch(open_table(path)) for name, path in self.paths.items()}
 
-    def rollback_plan(self, batch_id: int) -> dict[str, int | None]:
+    def rollback_plan(self, batch_id: int, recorded: dict[str, int] | None = None) -> dict[str, int | None]:
         """Per table holding batches after ``batch_id``: the version to restore (None: empty
-        it). Raises SinkError, changing nothing, if a version's files are gone (vacuumed) or its
-        log entry was cleaned up."""
+        it): the one a savepoint ``recorded`` (the version vacuum keeps for it; a later optimize
+        also holds only batches up to ``batch_id``, but its files are not kept), else the newest
+        holding batches up to ``batch_id``. Raises SinkError, changing nothing, if a version's
+        files are gone (vacuumed) or its log entry was cleaned up."""
         plan = {}
         for name, path in self.paths.items():
             table = open_table(path)
             if committed_batch(table) <= batch_id:
                 continue
-            version = version_for_batch(table, batch_id)
+            version = (recorded or {}).get(name)
+            version = version if isinstance(version, int) else version_for_batch(table, batch_id)
             if version is not None:
                 missing = _missing_files(path, version)
                 if missing:
@@ -319,11 +322,11 @@ class DeltaSinks:
             plan[name] = version
         return plan
 
-    def rollback(self, batch_id: int) -> dict[str, int | None]:
-        """Take every table back to ``batch_id``: each holding later batches is restored to its
-        newest version at or before it, in a commit whose transaction version is ``batch_id``,
-        so the batches after it commit again when the job redoes them. Idempotent."""
-        plan = self.rollback_plan(batch_id)
+    def rollback(self, batch_id: int, recorded: dict[str, int] | None = None) -> dict[str, int | None]:
+        """Take every table back to ``batch_id``: each holding later batches is restored to the
+        version :meth:`rollback_plan` gives, in a commit whose transaction version is
+        ``batch_id``, so the batches after it commit again when the job redoes them. Idempotent."""
+        plan = self.rollback_plan(batch_id, recorded)
         for name, version in plan.items():
             table = open_table(self.paths[name])
             if version is None:

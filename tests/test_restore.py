@@ -384,3 +384,27 @@ def test_abandoning_restore_is_the_first_that_went_back_past_the_savepoint():
     assert savepoints.abandoning_restore(5, 2, restores)["savepoint"] == "c"
     assert savepoints.abandoning_restore(2, 0, restores) is None
     assert savepoints.abandoning_restore(5, 3, restores) is None
+
+
+def test_a_savepoint_restores_the_version_it_recorded_not_a_later_compaction_of_it(tmp_path):
+    """The chaos test's second red run: a compaction right after the savepoint's batch holds only
+    batches up to it too, so the restore took that version, whose files a later round had
+    compacted again and vacuumed (0 h), and refused. The version the savepoint recorded, which
+    vacuum keeps, is the one restored."""
+    from pipeline.sink_maintenance import SinkMaintenance
+
+    data_dir = tmp_path / "data"
+    settings, writer = make_settings(data_dir), SinkWriter(data_dir)
+    write_checkpoint(store.checkpoint_dir(data_dir), 4, "first")
+    for batch in range(4):
+        writer.commit_batch(dead_letters(batch), batch)
+    assert control.take_savepoint(settings, "at3").batch_id == 3
+    maintenance = SinkMaintenance(writer, data_dir, interval_s=0, retention_s=0)
+    maintenance.run_once()  # compacts batches 0-3: a version that holds batches up to 3 as well
+    for batch in (4, 5):
+        writer.commit_batch(dead_letters(batch), batch)
+    write_checkpoint(store.checkpoint_dir(data_dir), 6, "later")
+    maintenance.run_once()  # compacts again: the first compaction's file is replaced, and vacuumed
+    control.restore_savepoint(settings, "at3")
+    assert published(data_dir) == [0, 1, 2, 3]
+    assert writer.commit_batch(dead_letters(4), 4)["dead_letter"] == 1  # batch 4 again, once

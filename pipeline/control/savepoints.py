@@ -231,7 +231,7 @@ def _settle_restore(settings: Settings) -> str | None:
     if _inode(checkpoint) != plan["inode"] and _inode(copy) == plan["inode"] and not checkpoint.exists():
         os.rename(copy, checkpoint)  # cut between the two renames of the fallback swap
     if _inode(checkpoint) == plan["inode"]:
-        SinkWriter(settings.data_dir).rollback(plan["batch_id"])  # idempotent: a cut restore redoes it
+        SinkWriter(settings.data_dir).rollback(plan["batch_id"], plan.get("sink_versions"))  # idempotent: a cut restore redoes it
         _record_restore(settings, plan)
         shutil.rmtree(copy, ignore_errors=True)  # the old checkpoint, after the swap
         shutil.rmtree(old, ignore_errors=True)
@@ -243,6 +243,14 @@ def _settle_restore(settings: Settings) -> str | None:
         done = f"undid the unfinished restore of savepoint {plan['savepoint']!r}; the old checkpoint stays"
     journal.unlink()
     return done
+
+
+def _recorded_versions(info: SavepointInfo) -> dict[str, int]:
+    """The sink versions a savepoint recorded when taken (none for one taken before they were)."""
+    try:
+        return dict(json.loads((info.path / "savepoint.json").read_text()).get("sink_versions") or {})
+    except (OSError, ValueError, TypeError):
+        return {}
 
 
 def restore_savepoint(settings: Settings, name: str, now: int | None = None) -> SavepointInfo:
@@ -267,8 +275,9 @@ def restore_savepoint(settings: Settings, name: str, now: int | None = None) -> 
                 f"went back to batch {abandoned['batch_id']}, and the sinks no longer hold its batches "
                 f"{abandoned['batch_id'] + 1}-{info.batch_id}; restoring it would lose and double rows: restore "
                 "a savepoint taken since, or start afresh in a new data dir")
+        recorded = _recorded_versions(info)
         try:
-            SinkWriter(settings.data_dir).rollback_plan(info.batch_id)  # changes nothing
+            SinkWriter(settings.data_dir).rollback_plan(info.batch_id, recorded)  # changes nothing
         except SinkError as exc:
             raise ControlError(f"savepoint {name!r} (batch {info.batch_id}) is older than what the sinks' vacuum kept: "
                                f"{exc}; restore a newer savepoint, or start afresh in a new data dir") from None
@@ -282,7 +291,7 @@ def restore_savepoint(settings: Settings, name: str, now: int | None = None) -> 
             journal.parent.mkdir(parents=True, exist_ok=True)
             journal_tmp = journal.with_name(journal.name + ".tmp")
             journal_tmp.write_text(json.dumps({"savepoint": name, "batch_id": info.batch_id, "inode": _inode(copy),
-                                               "restore_id": uuid.uuid4().hex}))
+                                               "restore_id": uuid.uuid4().hex, "sink_versions": recorded}))
             os.replace(journal_tmp, journal)
         except OSError as exc:
             shutil.rmtree(copy, ignore_errors=True)
