@@ -30,7 +30,7 @@ import shutil
 import uuid
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -54,6 +54,8 @@ class SavepointInfo:
     size_bytes: int
     path: Path
     warnings: tuple[str, ...] = field(default=(), compare=False)
+    # each sink's Delta version when taken, which vacuum keeps (none for a savepoint taken before they were recorded)
+    sink_versions: dict[str, int] = field(default_factory=dict, compare=False)
 
 
 def _copy_checkpoint(source: Path, target: Path, batch_id: int | None = None) -> None:
@@ -140,9 +142,9 @@ def _write_savepoint(settings: Settings, checkpoint: Path, tmp: Path, target: Pa
         size = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
         info = {"name": name, "batch_id": batch_id, "taken_at": iso(now_ms()), "size_bytes": size}
         with sink_maintenance.savepoint_versions_lock(settings.data_dir):  # no vacuum between reading and recording
-            versions = sink_maintenance.versions_for_batch(SinkWriter(settings.data_dir).paths, batch_id)  # vacuum keeps them
-            (tmp / "savepoint.json").write_text(json.dumps({**info, "restores_before": len(read_restores(settings)),
-                                                            "sink_versions": versions}))
+            info["sink_versions"] = sink_maintenance.versions_for_batch(SinkWriter(settings.data_dir).paths,
+                                                                        batch_id)  # vacuum keeps them
+            (tmp / "savepoint.json").write_text(json.dumps({**info, "restores_before": len(read_restores(settings))}))
             os.rename(tmp, target)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -163,8 +165,10 @@ def list_savepoints(settings: Settings) -> list[SavepointInfo]:
             continue  # a take's copy before its rename (or what a killed take left)
         try:
             info = json.loads(meta.read_text())
-            found.append(SavepointInfo(info["name"], int(info["batch_id"]), info["taken_at"], int(info["size_bytes"]), meta.parent))
-        except (OSError, ValueError, KeyError):
+            found.append(SavepointInfo(info["name"], int(info["batch_id"]), info["taken_at"], int(info["size_bytes"]),
+                                       meta.parent, sink_versions={str(k): int(v) for k, v in
+                                                                   (info.get("sink_versions") or {}).items()}))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
     return sorted(found, key=lambda s: s.taken_at, reverse=True)
 
@@ -245,14 +249,6 @@ def _settle_restore(settings: Settings) -> str | None:
     return done
 
 
-def _recorded_versions(info: SavepointInfo) -> dict[str, int]:
-    """The sink versions a savepoint recorded when taken (none for one taken before they were)."""
-    try:
-        return dict(json.loads((info.path / "savepoint.json").read_text()).get("sink_versions") or {})
-    except (OSError, ValueError, TypeError):
-        return {}
-
-
 def restore_savepoint(settings: Settings, name: str, now: int | None = None) -> SavepointInfo:
     """Make a savepoint the checkpoint of the (stopped) job.
 
@@ -275,7 +271,7 @@ def restore_savepoint(settings: Settings, name: str, now: int | None = None) -> 
                 f"went back to batch {abandoned['batch_id']}, and the sinks no longer hold its batches "
                 f"{abandoned['batch_id'] + 1}-{info.batch_id}; restoring it would lose and double rows: restore "
                 "a savepoint taken since, or start afresh in a new data dir")
-        recorded = _recorded_versions(info)
+        recorded = info.sink_versions
         try:
             SinkWriter(settings.data_dir).rollback_plan(info.batch_id, recorded)  # changes nothing
         except SinkError as exc:
@@ -309,7 +305,7 @@ def restore_savepoint(settings: Settings, name: str, now: int | None = None) -> 
     MetricsStore(settings.data_dir).event("savepoint_restored", message + "".join(f"; warning: {w}" for w in warnings),
                                           name=name, batch_id=info.batch_id, size_bytes=info.size_bytes,
                                           warnings=list(warnings))
-    return SavepointInfo(info.name, info.batch_id, info.taken_at, info.size_bytes, info.path, warnings)
+    return replace(info, warnings=warnings)
 
 
 def abandoning_restore(batch_id: int, restores_before: int, restores: list[dict]) -> dict | None:
