@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from contextlib import contextmanager
+from pathlib import Path
+
 import pulsar
 
 from pipeline import wire
@@ -112,3 +116,30 @@ def send_raw(service_url: str, topic: str, messages: list[tuple], batching: bool
         client.close()
     assert not refused and None not in ids, f"the broker refused messages to {topic}: {refused[:1]}"
     return ids
+
+
+@contextmanager
+def broker_with_partitions(data_dir: Path, partitions: dict[str, int]):
+    """A pulsar-lite broker of its own in ``data_dir`` on which each topic ``partitions`` names has
+    that many partitions. pulsar-lite has no admin API: it keeps partitioned topics in its metadata
+    file, read at start-up (its ``default_partitions`` setting would also partition the topics
+    named after partitions)."""
+    from pipeline.feed.broker import EmbeddedBroker
+
+    (Path(data_dir) / "broker").mkdir(parents=True, exist_ok=True)
+    (Path(data_dir) / "broker" / "db.metadata.json").write_text(json.dumps(
+        {"version": 2, "partitioned_topics": {topic: {"partitions": n} for topic, n in partitions.items() if n > 1}}))
+    with EmbeddedBroker(Path(data_dir)) as running:
+        yield running
+
+
+def send_routed(service_url: str, topic: str, messages: list[tuple[str, bytes, int]]) -> dict[str, int]:
+    """(key, payload, event time) messages, unbatched, routed by key (pulsar-lite makes a
+    partition's own name another topic); returns the partition each key went to."""
+    client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        producer = client.create_producer(topic, batching_enabled=False)
+        return {key: producer.send(payload, partition_key=key, event_timestamp=at).partition()
+                for key, payload, at in messages}
+    finally:
+        client.close()

@@ -62,6 +62,29 @@ def read_topic(service_url: str, topic: str, timeout_ms: int = 1500) -> list[tup
         client.close()
 
 
+def expect_changelog(running: "Running", settings, name: str, url: str, topic: str, steps, send) -> list[tuple[str, str]]:
+    """Each of ``steps``, (messages or None when already sent, the changes they make): its messages
+    sent with ``send``, then the upsert ``topic`` waited on until it has the step's changes, which
+    must be exactly those (in any order within the step). Returns the whole changelog expected."""
+    from waiting import wait_for
+
+    expected: list[tuple[str, str]] = []
+    for step, (messages, changes) in enumerate(steps):
+        if messages is not None:
+            send(messages)
+        done = len(expected)
+        expected += sorted(changes)
+
+        def arrived():
+            running.result(settings, name)  # raises the pipeline's own error, if it stopped
+            on_topic = read_topic(url, topic, timeout_ms=300)
+            return len(on_topic) >= len(expected) and on_topic
+
+        on_topic = wait_for(arrived, 240 if step == 0 else 120, what=f"{name} step {step}")
+        assert len(on_topic) == len(expected) and sorted(on_topic[done:]) == expected[done:], f"step {step}"
+    return expected
+
+
 def latest_per_key(messages: list[tuple[str, str]]) -> dict[str, dict]:
     """The upsert topic's table: the last payload per key, tombstoned keys left out."""
     table: dict[str, str] = {}

@@ -115,9 +115,10 @@ def partitioned_progress(batch: int, second: int, users_n: dict, observed: dict,
 
 
 def test_clock_names_and_the_pure_partition_functions():
-    from pipeline.enrich.lookups import clock_name, topic_of_clock
+    from pipeline.enrich.lookups import topic_of_clock
+    from pipeline.source.clock import partition_name
 
-    assert (clock_name("users", -1), clock_name("users", 3), topic_of_clock("users/3")) == ("users", "users/3", "users")
+    assert (partition_name("users", -1), partition_name("users", 3), topic_of_clock("users/3")) == ("users", "users/3", "users")
     end = {"users": {"gen": 1, "parts": {"0": {"n": 4}, "1": {"n": 9}}}}
     assert event_clock.partition_positions(end, {"users": {"gen": 1, "parts": {"0": {"n": 6}, "1": {"n": 9}}}}) == {
         "users/0": (1, 4, 2), "users/1": (1, 9, 0)}

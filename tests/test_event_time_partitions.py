@@ -13,11 +13,10 @@ import pulsar
 import pytest
 
 from pipeline import wire
-from pipeline.feed.broker import EmbeddedBroker
 from pipeline.enrich import rules
 from pipeline.enrich.lookups import WATERMARK_COLUMN, with_event_watermarks
 from pipeline.metrics import read_events, read_rows
-from factories import item, order, user
+from factories import broker_with_partitions, item, order, send_routed, user
 from jobproc import JobThread
 from sinkread import orders_done, rows
 from waiting import wait_for
@@ -47,20 +46,11 @@ PARTITION_COUNTS = (1, 2, 4)  # the topic sets of the module's broker: partition
 
 @pytest.fixture(scope="module")
 def partitioned_broker(tmp_path_factory):
-    """A broker of its own with a set of the job's three topics per partition count (1: not
-    partitioned). pulsar-lite has no admin API; it keeps partitioned topics in its metadata
-    file, read at start-up (its ``default_partitions`` setting would also partition the topics
-    named after partitions)."""
-    import json
-
+    """A broker of its own with a set of the job's three topics per partition count (1: not partitioned)."""
     data_dir = tmp_path_factory.mktemp("partitioned-broker")
     sets = {count: {k: f"persistent://public/default/{k}-{count}-{data_dir.name}" for k in ("users", "items", "orders")}
             for count in PARTITION_COUNTS}
-    (data_dir / "broker").mkdir()
-    (data_dir / "broker" / "db.metadata.json").write_text(json.dumps(
-        {"version": 2, "partitioned_topics": {topic: {"partitions": count} for count, topics in sets.items()
-                                              if count > 1 for topic in topics.values()}}))
-    with EmbeddedBroker(data_dir) as running:
+    with broker_with_partitions(data_dir, {topic: count for count, topics in sets.items() for topic in topics.values()}) as running:
         yield running, sets
 
 
@@ -69,18 +59,6 @@ def partitioned(partitioned_broker):
     """The module's broker and its topics of two partitions each."""
     running, sets = partitioned_broker
     return running, sets[2]
-
-
-def send(url: str, topic: str, messages: list[tuple[str, bytes, int]]) -> dict[str, int]:
-    """(key, payload, event time) messages, routed by key (pulsar-lite makes a partition's own
-    name another topic); returns the partition each key went to."""
-    client = pulsar.Client(url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    try:
-        producer = client.create_producer(topic, batching_enabled=False)
-        return {key: producer.send(payload, partition_key=key, event_timestamp=at).partition()
-                for key, payload, at in messages}
-    finally:
-        client.close()
 
 
 def job_settings(broker, data_dir, topics, **overrides):
@@ -117,18 +95,18 @@ def test_a_partition_behind_holds_every_order_until_it_goes_idle(partitioned, tm
     settings = job_settings(broker, tmp_path / "data", topics, **{"enrichment.idle_timeout": idle_timeout})
     # Users 1-8 early on, each in the partition its key hashes to; user 1's partition then goes far
     # ahead, the other one (``behind``) stays at its newest early time.
-    where = send(url, topics["users"], [(str(u), wire.encode(user(u)), T0 + u * 100) for u in range(1, 9)])
+    where = send_routed(url, topics["users"], [(str(u), wire.encode(user(u)), T0 + u * 100) for u in range(1, 9)])
     ahead = where["1"]
     behind_users = [int(key) for key, part in where.items() if part != ahead]
     assert behind_users, "users 1-8 all hashed to one partition"
     behind, late_user = 1 - ahead, behind_users[0]
     held_at = T0 + max(behind_users) * 100 - OOO_MS
-    send(url, topics["users"], [("1", wire.encode(user(1, firstName="Later1")), T0 + 60_000)])
-    items = send(url, topics["items"], [(str(i), wire.encode(item(i)), T0 + 50) for i in range(1, 9)])
+    send_routed(url, topics["users"], [("1", wire.encode(user(1, firstName="Later1")), T0 + 60_000)])
+    items = send_routed(url, topics["items"], [(str(i), wire.encode(item(i)), T0 + 50) for i in range(1, 9)])
     for part in (0, 1):  # every items partition goes far ahead
         first = next(key for key, p in items.items() if p == part)
-        send(url, topics["items"], [(first, wire.encode(item(int(first), price=5.0)), T0 + 60_000)])
-    send(url, topics["orders"], [(f"o{n}", wire.encode(order(n, (1, late_user)[n % 2], 1, createdAt=T0 + 10_000 + n * 1_000)),
+        send_routed(url, topics["items"], [(first, wire.encode(item(int(first), price=5.0)), T0 + 60_000)])
+    send_routed(url, topics["orders"], [(f"o{n}", wire.encode(order(n, (1, late_user)[n % 2], 1, createdAt=T0 + 10_000 + n * 1_000)),
                                   T0 + 10_000 + n * 1_000) for n in range(ORDERS)])
     job = JobThread(settings)
     try:
@@ -145,11 +123,11 @@ def test_a_partition_behind_holds_every_order_until_it_goes_idle(partitioned, tm
         wait_for(lambda: {(e["details"]["topic"], e["details"]["partition"])
                           for e in read_events(settings.data_dir, ("topic_idle",))} >= {("users", 0), ("users", 1)}
                  or job.error, timeout=120, what="both users partitions marked idle")
-        send(url, topics["items"], [("1", wire.encode(item(1, price=1.0)), T0 + 90_000)])
+        send_routed(url, topics["items"], [("1", wire.encode(item(1, price=1.0)), T0 + 90_000)])
         wait_for(lambda: orders_done(settings.data_dir) >= ORDERS or job.error, timeout=120, what="every order decided")
         assert job.error is None
         # the partition behind moves again: it holds the watermark again (an event names it)
-        send(url, topics["users"], [(str(late_user), wire.encode(user(late_user, firstName="Later")), T0 + 95_000)])
+        send_routed(url, topics["users"], [(str(late_user), wire.encode(user(late_user, firstName="Later")), T0 + 95_000)])
         wait_for(lambda: any(e["details"] == {"topic": "users", "partition": behind}
                              for e in read_events(settings.data_dir, ("topic_active",))) or job.error,
                  timeout=120, what="the users partition behind active again")
@@ -182,12 +160,12 @@ def test_each_message_is_read_once_per_batch_whatever_the_partitions(partitioned
     # last ones after every order (which the watermark passes once the items go idle)
     published = Counter()
     for version in range(3):
-        where = send(url, topics["users"], [(str(u), wire.encode(user(u, firstName=f"V{version}")),
+        where = send_routed(url, topics["users"], [(str(u), wire.encode(user(u, firstName=f"V{version}")),
                                               T0 + version * 1_000 + u) for u in range(1, users + 1)])
         published.update(("users", part) for part in where.values())
-    published.update(("items", part) for part in send(url, topics["items"], [
+    published.update(("items", part) for part in send_routed(url, topics["items"], [
         (str(i), wire.encode(item(i)), T0 + i) for i in range(1, items + 1)]).values())
-    published.update(("orders", part) for part in send(url, topics["orders"], [
+    published.update(("orders", part) for part in send_routed(url, topics["orders"], [
         (f"o{n}", wire.encode(order(n, 1 + n % users, 1 + n % items, createdAt=T0 + 500 + n)), T0 + 500 + n)
         for n in range(orders)]).values())
     settings = job_settings(broker, tmp_path / "data", topics, **{

@@ -1,6 +1,6 @@
-"""A temporal join's idle tables (``SET 'table.exec.source.idle-timeout'``, pipeline/sql/idle.py):
-the heartbeat maths, the driver's idle clock over progress events, and end to end: a versioned
-table that stops sending, then a driving table that stops, each no longer holding the join back."""
+"""A temporal join's idle tables (``SET 'table.exec.source.idle-timeout'``, pipeline/sql/join_clock.py):
+the heartbeat maths, the driver's clock over progress events, and end to end: a versioned table
+that stops sending, then a driving table that stops, each no longer holding the join back."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from factories import publish, publish_timed
 from pipeline.source.clock import read_clock_file
-from pipeline.sql.idle import IdleClock, clock_path, heartbeats
+from pipeline.sql.join_clock import JoinClock, clock_path, heartbeats
 from pipeline.sql.plan import build_plan
 from sqlhelp import Running, fresh_topics, message, read_topic
 from waiting import wait_for
@@ -24,7 +24,8 @@ T = 1_700_000_000_000
     ({0: 10_000, 1: 9_500}, {1}, {}),  # already there: nothing to raise
     ({0: 10_000, 1: 4_000}, {0, 1}, {}),  # every table idle: the watermark stays, as Flink's
     ({0: None, 1: 4_000}, {1}, {}),  # an active table with no time yet holds it at its start
-    ({0: 10_000, 1: None}, {1}, {}),  # a table that never sent holds nothing back (Spark leaves its node out)
+    ({0: 10_000, 1: None}, {1}, {1: 9_000}),  # an idle table that never sent is raised too (Spark holds a node
+    # without rows at 0)
     ({0: 10_000, 1: 4_000}, set(), {}),
 ])
 def test_an_idle_tables_heartbeat_puts_its_watermark_at_the_active_tables(newest, idle, expected):
@@ -37,37 +38,73 @@ def test_with_temporal_joins_one_after_another_an_idle_table_is_raised_to_the_le
     assert heartbeats({0: 10_000, 1: 4_000, 2: 3_000}, {0: 1_000, 1: 0, 2: 0}, {1, 2}) == {1: 9_000, 2: 9_000}
 
 
-def progress(orders_n: int, users_n: int, newest: dict[int, int | None], backlog: int = 0) -> dict:
-    def offsets(table: str, n: int) -> dict:
-        return {"endOffset": json.dumps({table: {"gen": 0, "parts": {"-1": {"n": n}}}}),
-                "latestOffset": json.dumps({table: {"gen": 0, "parts": {"-1": {"n": n + backlog}}}})}
+def progress(batch: int, orders_n: int, users_n: dict[str, int], newest: dict[str, int], backlog: int = 0) -> dict:
+    """A batch's progress: the read positions of the orders (not partitioned) and of each users
+    partition (``users_n``: partition -> read position), and each partition's newest time read."""
+    def offsets(table: str, parts: dict[str, int]) -> dict:
+        return {"endOffset": json.dumps({table: {"gen": 0, "parts": {p: {"n": n} for p, n in parts.items()}}}),
+                "latestOffset": json.dumps({table: {"gen": 0, "parts": {p: {"n": n + backlog} for p, n in parts.items()}}})}
 
-    observed = {f"sql_newest_side_{side}": {"newest_ms": ms} for side, ms in newest.items()}
-    return {"sources": [offsets("orders", orders_n), offsets("users", users_n)], "observedMetrics": observed}
+    observed = {"sql_newest_side_0": {k: v for k, v in newest.items() if k == "orders"},
+                "sql_newest_side_1": {k: v for k, v in newest.items() if k.startswith("users")}}
+    return {"batchId": batch, "sources": [offsets("orders", {"-1": orders_n}), offsets("users", users_n)],
+            "observedMetrics": observed}
 
 
-def test_the_idle_clock_marks_a_table_idle_after_the_timeout_and_active_again_when_it_moves(tmp_path):
+def test_the_clock_marks_a_table_idle_after_the_timeout_and_active_again_when_it_moves(tmp_path):
     events = []
-    clock = IdleClock(tmp_path, ["orders", "users"], [1_000, 0], idle_timeout_ms=5_000,
+    clock = JoinClock(tmp_path, ["orders", "users"], [1_000, 0], idle_timeout_ms=5_000,
                       record=lambda kind, message, **details: events.append((kind, details["table"])))
     users = clock_path(tmp_path, 1)
-    assert read_clock_file(users).newest == {}  # a started pipeline: every table active
-    clock.observe(progress(3, 2, {0: T + 9_000, 1: T + 1_000}), now_ms=0)
-    clock.observe(progress(5, 2, {0: T + 12_000}), now_ms=4_000)
-    assert read_clock_file(users).newest == {}  # users quiet for 4 s of 5
+    assert read_clock_file(users).newest == {}  # a started pipeline: its first batch counts for no watermark
+    clock.observe(progress(0, 3, {"-1": 2}, {"orders": T + 9_000, "users": T + 1_000}), now_ms=0)
+    assert read_clock_file(users).newest == {"users": T + 1_000} and not read_clock_file(users).idle
+    assert read_clock_file(users).through == {"users": {"gen": 0, "parts": {"-1": {"n": 2}}}}  # the batch taken in
+    clock.observe(progress(1, 5, {"-1": 2}, {"orders": T + 12_000}), now_ms=4_000)
+    assert read_clock_file(users).newest == {"users": T + 1_000} and not read_clock_file(users).idle  # 4 s of 5
     clock.update(now_ms=5_000)
-    written = read_clock_file(users)
+    written = read_clock_file(users)  # raised to the orders' watermark: T+12 s - 1 s
     assert written.newest == {"users": T + 11_000} and written.idle == {"users"}
-    assert read_clock_file(clock_path(tmp_path, 0)).newest == {}  # orders moved at 4 s
-    clock.observe(progress(5, 2, {}, backlog=1), now_ms=9_500)  # orders: one message not read yet
-    assert 0 not in clock.idle_sides(9_500)
-    clock.observe(progress(5, 3, {1: T + 30_000}), now_ms=10_000)  # users send again: active
-    assert read_clock_file(users).newest == {}
+    assert read_clock_file(clock_path(tmp_path, 0)).newest == {"orders": T + 12_000}  # orders moved at 4 s
+    clock.observe(progress(2, 5, {"-1": 2}, {}, backlog=1), now_ms=9_500)  # orders: one message not read yet
+    assert 0 not in clock.idle
+    clock.observe(progress(3, 5, {"-1": 3}, {"users": T + 30_000}), now_ms=10_000)  # users send again: active
+    assert read_clock_file(users).newest == {"users": T + 30_000} and not read_clock_file(users).idle
     clock.update(now_ms=10_000)
-    assert read_clock_file(clock_path(tmp_path, 0)).newest == {"orders": T + 31_000}  # orders quiet since 4 s
-    # in this order at least (a loaded machine may pause the orders' feeder past the timeout: more events)
-    assert events[0] == ("table_idle", "users") and ("table_active", "users") in events
-    assert events.index(("table_active", "users")) < len(events) - 1 - events[::-1].index(("table_idle", "orders"))
+    orders = read_clock_file(clock_path(tmp_path, 0))  # quiet since 4 s: raised to users' T+30 s (+ its 1 s)
+    assert orders.newest == {"orders": T + 31_000} and orders.idle == {"orders"}
+    assert events == [("table_idle", "users"), ("table_active", "users"), ("table_idle", "orders")]
+
+
+def test_a_partitioned_tables_clock_is_the_least_of_its_partitions_and_an_idle_partition_is_left_out(tmp_path):
+    from pipeline.source.clock import clock_ms, facts_of, row_bounds, with_facts
+
+    (tmp_path / "checkpoint" / "commits").mkdir(parents=True)
+    clock = JoinClock(tmp_path, ["orders", "users"], [0, 0], idle_timeout_ms=5_000)
+    users = clock_path(tmp_path, 1)
+
+    def facts():  # as the users source carries them in its next offset
+        offset = {"users": {"gen": 0, "parts": {p: {"n": 1} for p in ("0", "1", "2")}}}
+        return facts_of(with_facts(offset, read_clock_file(users), {"users"}), {"users"})
+
+    clock.observe(progress(0, 1, {"0": 1, "1": 1, "2": 0}, {"orders": T + 9_000, "users/0": T + 5_000,
+                                                           "users/1": T + 2_000}), now_ms=0)
+    assert clock_ms(facts()) is None  # users/2 has sent nothing: it holds the table back, as in Flink
+    clock.observe(progress(1, 2, {"0": 2, "1": 1, "2": 1}, {"orders": T + 9_500, "users/0": T + 6_000,
+                                                           "users/2": T + 8_000}), now_ms=1_000)
+    assert clock_ms(facts()) == T + 2_000  # users/1 lags: the table's clock is where it is
+    assert row_bounds(facts()) == {"": None, "users/0": T + 2_000, "users/1": T + 6_000, "users/2": T + 2_000}
+    (tmp_path / "checkpoint" / "commits" / "1").write_text("v1")
+    clock.observe(progress(2, 3, {"0": 3, "1": 1, "2": 2}, {"orders": T + 9_800, "users/0": T + 7_000,
+                                                           "users/2": T + 9_000}), now_ms=5_500)
+    assert read_clock_file(users).idle == {"users/1"}  # quiet for 5.5 s: it no longer holds the table back
+    assert clock_ms(facts()) == T + 7_000 and not clock.idle  # the table itself is active
+    # a restarted pipeline's clock starts from the newest times of the last committed batch (1):
+    # users/1 quiet since then does not hold the table back at nothing
+    restarted = JoinClock(tmp_path, ["orders", "users"], [0, 0], idle_timeout_ms=0)
+    assert read_clock_file(users).newest == {}
+    restarted.observe(progress(2, 3, {"0": 3, "1": 1, "2": 2}, {"users/0": T + 7_100}), now_ms=0)
+    assert read_clock_file(users).newest == {"users/0": T + 7_100, "users/1": T + 2_000, "users/2": T + 8_000}
 
 
 WITH = ("WITH ('connector' = 'upsert-pulsar', 'topic' = 'persistent://public/default/{name}', 'key.format' = 'raw', "

@@ -18,7 +18,7 @@ import pytest
 from factories import publish, publish_timed
 from pipeline.sql.plan import build_plan
 from pipeline.sql.sqltypes import UnsupportedSql
-from sqlhelp import Running, fresh_topics, latest_per_key, message, read_topic
+from sqlhelp import Running, expect_changelog, fresh_topics, latest_per_key, message, read_topic
 from waiting import wait_for
 
 T = 1_700_000_000_000  # the cases' epoch, in ms
@@ -126,23 +126,10 @@ def test_changelog_of_each_temporal_join(case, settings_factory, broker, spark):
                                               if table == name and ms is not None])
         publish(url, topics["orders"], rows, batching=case.batching)
 
-    expected: list[tuple[str, str]] = []
     (first, first_changes), *later = case.steps
     send(first)  # before the start: one micro-batch
     with Running(settings, build_plan(case.sql(), topics), case.name, spark) as running:
-        for step, (messages, changes) in enumerate([(None, first_changes), *later]):
-            if messages is not None:
-                send(messages)
-            done = len(expected)
-            expected += sorted(changes)
-
-            def arrived():
-                running.result(settings, case.name)  # raises the pipeline's own error, if it stopped
-                on_topic = read_topic(url, topics["out"], timeout_ms=300)
-                return len(on_topic) >= len(expected) and on_topic
-
-            on_topic = wait_for(arrived, 240 if step == 0 else 120, what=f"{case.name} step {step}")
-            assert len(on_topic) == len(expected) and sorted(on_topic[done:]) == expected[done:], f"step {step}"
+        expected = expect_changelog(running, settings, case.name, url, topics["out"], [(None, first_changes), *later], send)
         current = running.result(settings, case.name)
         query = next(q for q in spark.streams.active if q.name == f"sql-{case.name}")
         # each table's source parses in its read tasks: no Python stage after the read
@@ -259,13 +246,14 @@ def test_the_sources_parse_step_makes_each_message_one_row_and_an_unreadable_tim
     parse = load_transform(PARSE_TRANSFORM, json.dumps(timed_parser_args(build_plan(CASES[0].sql()))))
     source = pa.RecordBatch.from_pylist([
         {"kind": "orders", "key": key, "value": value, "partition": -1, "position": n, "topic": "orders",
-         "message_id": f"1:{n}:-1", "publish_time": None, "event_time": T}
+         "message_id": f"1:{n}:-1", "publish_time": None, "event_time": T, "watermark_bound": T + 1000}
         for n, (key, value) in enumerate([("o1", b'{"id":"o1","ts":"2023-11-14 22:13:22.500"}'),
                                           ("o2", b'{"id":"o2","ts":"yesterday"}'), ("o3", b"")])])
     [parsed] = list(parse(iter([source])))
     rows = parsed.to_pylist()
     assert [(r["key"], r["op"], r["event_ms"]) for r in rows] == [("o1", "upsert", T + 2500), ("o2", "dead", None),
                                                                   ("o3", "delete", T)]
+    assert [r["watermark_bound"] for r in rows] == [T + 1000] * 3  # the source's, from the table's clock
     assert rows[1]["s0_ts"] is None and rows[1]["payload"] == '{"id":"o2","ts":"yesterday"}'
 
 

@@ -18,10 +18,9 @@ import pytest
 from factories import publish, publish_timed
 from pipeline.sql.plan import build_plan
 from pipeline.sql.sqltypes import UnsupportedSql
-from sqlhelp import Running, fresh_topics, latest_per_key, message, read_topic
+from sqlhelp import Running, expect_changelog, fresh_topics, latest_per_key, message
 from test_sql_temporal import ORDERS as TEMPORAL_ORDERS
 from test_sql_temporal import T, USERS, WITH, at, user
-from waiting import wait_for
 
 # the single join's tables (tests/test_sql_temporal.py), orders with an item, and items versioned as users are
 ORDERS = TEMPORAL_ORDERS.replace("user_id STRING,", "user_id STRING, item_id STRING,")
@@ -82,24 +81,11 @@ def test_an_order_joins_its_user_and_its_item_each_as_of_its_time(settings_facto
         publish(url, topics["orders"], [message(key, record) for table, key, record, ms in messages
                                         if table == "orders" and ms is None])
 
-    expected: list[tuple[str, str]] = []
     (first, first_changes), *later = STEPS
     send(first)
     plan = build_plan("\n".join([ORDERS, USERS, ITEMS, OUT, CHAIN + ";"]), topics)
     with Running(settings, plan, "chain", spark) as running:
-        for step, (messages, changes) in enumerate([(None, first_changes), *later]):
-            if messages is not None:
-                send(messages)
-            done = len(expected)
-            expected += sorted(changes)
-
-            def arrived():
-                running.result(settings, "chain")  # raises the pipeline's own error, if it stopped
-                on_topic = read_topic(url, topics["out"], timeout_ms=300)
-                return len(on_topic) >= len(expected) and on_topic
-
-            on_topic = wait_for(arrived, 240 if step == 0 else 120, what=f"the chain's step {step}")
-            assert len(on_topic) == len(expected) and sorted(on_topic[done:]) == expected[done:], f"step {step}"
+        expected = expect_changelog(running, settings, "chain", url, topics["out"], [(None, first_changes), *later], send)
         current = running.result(settings, "chain")
     table = latest_per_key(expected)
     assert sorted(current, key=lambda r: r["id"]) == [table[k] for k in sorted(table)]

@@ -4,7 +4,7 @@ In event time (README "Event time") Spark keeps the job's watermark; what it doe
 the watermark of each changelog partition, nor when a partition has gone quiet.
 :class:`EventClockListener` follows both from the query's progress, batch by batch (called on
 the driver, from Spark's listener bus, once per batch). Partitions are named by
-``lookups.clock_name`` (``users`` for a topic that is not partitioned, ``users/0`` for a
+``source.clock.partition_name`` (``users`` for a topic that is not partitioned, ``users/0`` for a
 partition):
 
 - the newest event time read from each partition, from the batch's observed metrics
@@ -41,9 +41,9 @@ from pathlib import Path
 
 from pipeline import metrics, store
 # observed per batch: event_time_users/0 -> {"newest_ms": …}, late_versions_users -> {"count": …}
-from pipeline.enrich.lookups import CHANGELOGS, LATE_VERSIONS_PREFIX, NEWEST_OBSERVED, clock_name, topic_of_clock
+from pipeline.enrich.lookups import CHANGELOGS, LATE_VERSIONS_PREFIX, NEWEST_OBSERVED, topic_of_clock
 from pipeline.listener import ProgressListener
-from pipeline.source.clock import write_clock_file
+from pipeline.source.clock import partition_name, write_clock_file
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,21 @@ def restored_newest(checkpoint: Path) -> dict[str, int]:
     last = last_committed_batch(Path(checkpoint))
     usable = [entry for entry in entries if isinstance(entry, dict) and entry.get("batch_id", last + 1) <= last]
     return {str(k): int(v) for k, v in max(usable, key=lambda e: e["batch_id"])["newest"].items()} if usable else {}
+
+
+def keep_newest(checkpoint: Path, history: list[dict], batch_id: int, newest: dict[str, int]) -> list[dict]:
+    """``history`` with the newest times as of ``batch_id`` (a committed batch), written to the
+    checkpoint for :func:`restored_newest` (the last ``NEWEST_KEPT`` batches: a restart may go
+    back to an older one); returns it. Nothing is written before the checkpoint exists."""
+    if not newest or not Path(checkpoint).is_dir():
+        return history
+    history = [entry for entry in history if entry["batch_id"] < batch_id][-(NEWEST_KEPT - 1):]
+    history.append({"batch_id": batch_id, "newest": dict(newest)})
+    target = Path(checkpoint) / NEWEST_FILE
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(json.dumps(history))
+    os.replace(tmp, target)
+    return history
 
 
 def changelog_partitions(service_url: str, topics: dict[str, str], token: str | None = None) -> dict[str, list[int]]:
@@ -118,7 +133,7 @@ def partition_positions(end: dict, latest: dict) -> dict[str, tuple[object, int,
         same_gen = latest_topic.get("gen") == end_topic.get("gen")
         for part, values in (end_topic.get("parts") or {}).items():
             latest_n = ((latest_topic.get("parts") or {}).get(part) or {}).get("n") if same_gen else None
-            positions[clock_name(topic, int(part))] = (end_topic.get("gen"), values["n"],
+            positions[partition_name(topic, int(part))] = (end_topic.get("gen"), values["n"],
                                                        None if latest_n is None else max(0, latest_n - values["n"]))
     return positions
 
@@ -155,7 +170,7 @@ class EventClockListener(ProgressListener):
         """``partitions``: the changelogs' partitions the query observes (as ``watermark_partitions``
         gives them); each holds the watermark at 0 until it has a time, idle or not."""
         self.store, self.out_of_orderness_ms, self.idle_timeout_ms = metrics_store, out_of_orderness_ms, idle_timeout_ms
-        self.followed = {clock_name(kind, p) for kind, parts in (partitions or {}).items() for p in parts}
+        self.followed = {partition_name(kind, p) for kind, parts in (partitions or {}).items() for p in parts}
         self.path = clock_file(data_dir)
         self.through: dict | None = None  # the end offset of the last batch taken in (None: none yet)
         self.checkpoint = store.checkpoint_dir(data_dir)
@@ -253,14 +268,7 @@ class EventClockListener(ProgressListener):
 
     def keep_newest(self, batch_id: int) -> None:
         """Record the newest times as of this (committed) batch in the checkpoint."""
-        if not self.newest or not self.checkpoint.is_dir():
-            return
-        self.history = [entry for entry in self.history if entry["batch_id"] < batch_id][-(NEWEST_KEPT - 1):]
-        self.history.append({"batch_id": batch_id, "newest": dict(self.newest)})
-        target = self.checkpoint / NEWEST_FILE
-        tmp = target.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.history))
-        os.replace(tmp, target)
+        self.history = keep_newest(self.checkpoint, self.history, batch_id, self.newest)
 
     def write_clock(self) -> None:
         """The changelog partitions' newest times, the idle ones, and the batch taken in."""

@@ -34,7 +34,7 @@ Version = tuple  # (time_ms, read_order tuple, record tuple | None)
 
 
 def combined_watermark(newest_ms: dict[str, int | None], out_of_orderness_ms: int) -> int:
-    """The changelogs' watermark: per changelog partition (``lookups.clock_name``: ``users``,
+    """The changelogs' watermark: per changelog partition (``source.clock.partition_name``: ``users``,
     ``users/0``) its newest event time minus the bound, the least of them.
 
     A partition that has had no message yet holds it at 0 (Spark's first watermark), so orders

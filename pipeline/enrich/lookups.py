@@ -154,15 +154,10 @@ LATE_VERSIONS_PREFIX = "late_versions_"  # observed metric per changelog: late v
 WATERMARK_COLUMN = "watermark_time"  # the timestamp Spark's watermark is taken from (event time only)
 
 
-def clock_name(changelog: str, partition: int) -> str:
-    """The name of one changelog partition's watermark: the topic's kind when it is not
-    partitioned (``users``), else kind/partition (``users/0``). Observed metrics, the idle file,
-    the checkpoint's newest times and the ``watermarks`` rows all use it."""
-    return changelog if int(partition) < 0 else f"{changelog}/{int(partition)}"
-
-
 def topic_of_clock(name: str) -> str:
-    """The topic kind of a clock name (``users/0`` -> ``users``)."""
+    """The topic kind of a partition's clock name (pipeline/source/clock.py ``partition_name``:
+    ``users/0`` -> ``users``). Observed metrics, the clock file, the checkpoint's newest times and
+    the ``watermarks`` rows all name partitions so."""
     return name.split("/", 1)[0]
 
 
@@ -201,6 +196,7 @@ def with_event_watermarks(frame, order_time: str, out_of_orderness_ms: int,
     """
     from pyspark.sql import functions as F
 
+    from pipeline.source.clock import partition_name
     from pipeline.source.rows import CLOCK_KIND
     from pipeline.wire import MAX_TIME_MS, MIN_TIME_MS
 
@@ -219,11 +215,11 @@ def with_event_watermarks(frame, order_time: str, out_of_orderness_ms: int,
     stamped = timed.withColumn(WATERMARK_COLUMN, F.when(
         held & F.col("watermark_bound").isNotNull(),
         F.timestamp_millis(F.least(F.col("event_ms"), F.col("watermark_bound")))))
-    observed = [F.max(F.when((kind == "orders") & held, F.col("event_ms"))).alias(clock_name("orders", -1))]
+    observed = [F.max(F.when((kind == "orders") & held, F.col("event_ms"))).alias(partition_name("orders", -1))]
     for lookup in LOOKUPS:
         for p in sorted((partitions or {}).get(lookup.changelog) or [-1]):
             own = (kind == lookup.changelog) & (F.coalesce(F.col("source_partition"), F.lit(-1)) == int(p))
-            observed.append(F.max(F.when(own & held, F.col("event_ms"))).alias(clock_name(lookup.changelog, p)))
+            observed.append(F.max(F.when(own & held, F.col("event_ms"))).alias(partition_name(lookup.changelog, p)))
     stamped = stamped.observe(NEWEST_OBSERVED, *observed)
     if on_every_row is not None:
         stamped = on_every_row(stamped)

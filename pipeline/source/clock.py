@@ -23,7 +23,7 @@ travels with the batches instead:
   offset and yields one **clock row** at that time, so a quiet stream gets a batch that moves
   the watermark (``event_clock`` marks partitions idle, which moves the clock).
 
-Partitions are named as ``lookups.clock_name`` names them: ``users`` for a topic that is not
+Partitions are named by :func:`partition_name`: ``users`` for a topic that is not
 partitioned (partition -1), ``users/0`` for a partition. Everything here is pure but the file.
 """
 
@@ -52,7 +52,7 @@ class ClockFile:
 
 
 def partition_name(kind: str, partition: str | int) -> str:
-    """``users``, -1 -> ``users``; ``users``, 0 -> ``users/0`` (as ``lookups.clock_name``)."""
+    """A changelog partition's clock name: ``users``, -1 (not partitioned) -> ``users``; ``users``, 0 -> ``users/0``."""
     return kind if int(partition) < 0 else f"{kind}/{int(partition)}"
 
 

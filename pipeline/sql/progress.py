@@ -49,14 +49,14 @@ def build_sql_progress_row(progress: dict, sink_rows: dict | None) -> dict:
     }
 
 
-def make_listener(query_name: str, metrics, writer, on_batch, idle_clock=None):
+def make_listener(query_name: str, metrics, writer, on_batch, join_clock=None):
     """The pipeline's listener (``metrics``: its MetricsStore; ``writer``: its SqlSinkWriter, for
-    the batch's sink counts); ``idle_clock``: a temporal join's :class:`pipeline.sql.idle.IdleClock`, or None."""
+    the batch's sink counts); ``join_clock``: a temporal join's :class:`pipeline.sql.join_clock.JoinClock`, or None."""
     from pipeline.listener import ProgressListener
 
     class SqlListener(ProgressListener):
         """Appends this pipeline's progress rows (its batches committed to the sinks in foreachBatch),
-        and keeps a temporal join's idle clock (time passes between batches too: ``onQueryIdle``)."""
+        and keeps a temporal join's clock (time passes between batches too: ``onQueryIdle``)."""
 
         def onQueryProgress(self, event) -> None:
             try:
@@ -64,8 +64,8 @@ def make_listener(query_name: str, metrics, writer, on_batch, idle_clock=None):
                     return
                 progress = json.loads(event.progress.json)
                 batch_id = progress["batchId"]
-                if idle_clock is not None:
-                    idle_clock.observe(progress, int(time.time() * 1000))
+                if join_clock is not None:
+                    join_clock.observe(progress, int(time.time() * 1000))
                 metrics.append("progress", build_sql_progress_row(progress, writer.last_counts.get(batch_id)))
                 on_batch(batch_id)
             except Exception:  # a listener error must never take the pipeline down; it is logged
@@ -73,8 +73,8 @@ def make_listener(query_name: str, metrics, writer, on_batch, idle_clock=None):
 
         def onQueryIdle(self, event) -> None:
             try:
-                if idle_clock is not None:
-                    idle_clock.update(int(time.time() * 1000))
+                if join_clock is not None:
+                    join_clock.update(int(time.time() * 1000))
             except Exception:  # as above
                 log.exception("SQL pipeline listener failed on an idle event")
 

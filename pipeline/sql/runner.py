@@ -362,13 +362,13 @@ def run_sql_pipeline(settings: Settings, plan: Plan | tuple[Plan, ...], name: st
             if max_batches and done[0] >= max_batches:
                 stop.set()
 
-        idle_clock = None
-        if plans[0].temporal is not None and idle_timeout_ms(plans[0].settings):
-            from pipeline.sql.idle import IdleClock
+        join_clock = None
+        if plans[0].temporal is not None:
+            from pipeline.sql.join_clock import JoinClock
 
-            idle_clock = IdleClock(root, [t.name for t in plans[0].sides], [int(t.watermark[1]) for t in plans[0].sides],
+            join_clock = JoinClock(root, [t.name for t in plans[0].sides], [int(t.watermark[1]) for t in plans[0].sides],
                                    idle_timeout_ms(plans[0].settings), metrics.event)
-        listener = make_listener(f"sql-{name}", metrics, writer, on_batch, idle_clock)
+        listener = make_listener(f"sql-{name}", metrics, writer, on_batch, join_clock)
         spark.streams.addListener(listener)
         into = ", ".join(f"{p.kind} into {p.target.topic}" for p in plans)
         metrics.event("sql_started", f"SQL pipeline {name!r} started: {into}",

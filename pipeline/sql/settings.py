@@ -6,7 +6,7 @@ is refused with one line naming it. :func:`duration_ms` reads Flink's duration s
 (``'90 s'``, ``'1 h'``, ``'1d'``, ``'500 ms'``, a bare number of milliseconds).
 
 ``table.exec.source.idle-timeout`` (:func:`idle_timeout_ms`) lets a temporal join's watermark pass
-a table that has sent nothing for that long (pipeline/sql/idle.py).
+a table that has sent nothing for that long (pipeline/sql/join_clock.py).
 
 ``table.exec.state.ttl`` (:func:`state_ttl_ms`) is Flink's idle-state retention, in processing
 time: ``'0'`` (Flink's default) keeps state for every key; a positive TTL drops a join side's row
@@ -26,7 +26,7 @@ from pipeline.sql.dialect import Flink
 from pipeline.sql.sqltypes import UnsupportedSql
 
 STATE_TTL = "table.exec.state.ttl"
-IDLE_TIMEOUT = "table.exec.source.idle-timeout"  # a temporal join's idle tables (pipeline/sql/idle.py)
+IDLE_TIMEOUT = "table.exec.source.idle-timeout"  # a temporal join's idle tables (pipeline/sql/join_clock.py)
 SETTINGS = (STATE_TTL, IDLE_TIMEOUT)
 # what '0' means for each key, as a refusal says it
 ZERO_MEANS = {STATE_TTL: "'0' keeps state forever", IDLE_TIMEOUT: "'0' never marks a table idle"}

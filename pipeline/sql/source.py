@@ -22,7 +22,7 @@ def read_topics(spark, settings: Settings, tables, name: str, service_url: str, 
     ``parser``: (``module:function``, its JSON-ready arguments, the DDL of the rows it yields)
     run in the read tasks, whose rows the source then gives instead of its own; ``clock_file``:
     the event-time clock of the tables' partitions (the source's ``clockFile``: a temporal join's
-    idle table, pipeline/sql/idle.py).
+    table, pipeline/sql/join_clock.py).
 
     # {"kind": "users", "topic": …, "partition": -1, "message_id": "…", "position": 3, "key": "100-1",
     #  "value": b"…"}
@@ -45,13 +45,15 @@ def read_topics(spark, settings: Settings, tables, name: str, service_url: str, 
 
 
 def count_rows(frame, settings: Settings, tables, service_url: str, kind_column="kind",
-               partition_column: str = "partition"):
+               partition_column: str = "partition", partitions: dict[str, list[str]] | None = None):
     """``frame`` with its rows counted per table and partition: the source's offsets count broker
     entries; each batch's messages are counted here (pipeline/source/counts.py). ``kind_column``:
-    the column that holds the table's name, or a Column that gives it."""
+    the column that holds the table's name, or a Column that gives it; ``partitions``: the
+    tables' partitions as ``counts.list_topic_partitions`` gives them, if already asked."""
     from pipeline.source.counts import list_topic_partitions, observe_rows
 
-    partitions = list_topic_partitions(service_url, {t.name: t.topic for t in tables}, settings["pulsar.auth_token"])
+    if partitions is None:
+        partitions = list_topic_partitions(service_url, {t.name: t.topic for t in tables}, settings["pulsar.auth_token"])
     return observe_rows(frame, partitions, kind_column, partition_column)
 
 

@@ -6,21 +6,26 @@ pipeline/sql/temporal.py's. The query::
     source(driving table) ─ parse + times ─ watermark(its WATERMARK delay) ─┐
     source(versioned table) ─ parse + times ─ watermark(its delay) ──────────┤ union (the least
     [source(next versioned table) ─ … ───────────────────────────────────────┘  watermark)]
+      ↑ each table's clock file (pipeline/sql/join_clock.py): its partitions' newest times
       ─ WHERE on the driving table ─ VersionedLookup per temporal join (keyed by its join value)
       ─ matched? ─ UpsertJoin (keyed by the driving key) [─ GroupAggregate for GROUP BY] ─ SELECT
       expressions ─ sink
 
 - Parse + times run in each source's read tasks (its ``transform``: :func:`parse_timed_batches`).
-- With ``table.exec.source.idle-timeout``, an idle table's source yields heartbeat rows (op
-  ``clock``) that raise its watermark to the least of the active tables'; they are dropped after
-  the watermark nodes (pipeline/sql/idle.py).
+- A row counts for its table's watermark up to its ``watermark_bound``, which the source gives
+  it from the table's clock (pipeline/sql/join_clock.py): so a table's watermark is the least of
+  its partitions' newest times, as Flink's, not the newest of any. When a table's clock moves
+  with no new message, or an idle table is raised to the active tables' watermark
+  (``table.exec.source.idle-timeout``), its source yields one clock row (op ``clock``) at the
+  clock's time; clock rows are dropped after the watermark nodes.
 
 - Times: a row's time is its time attribute; a tombstone (no payload) is placed at its message's
   event time, or its publish time when the producer set none. An upsert whose time attribute is
   NULL or unreadable is a dead letter: it cannot be placed in time.
-- Each table has its own source, so its own watermark node: its newest time minus its WATERMARK
-  delay, and the join's watermark is the least of them, as Flink's (a table that has sent
-  nothing yet does not hold it back: Spark leaves a node without rows out).
+- Each table has its own source, so its own watermark node: the least of its partitions' newest
+  times minus its WATERMARK delay, and the join's watermark is the least of them, as Flink's (a
+  table that has sent nothing holds it back: Spark holds the least at 0 for a node without
+  rows, until the table is idle).
 - VersionedLookup (pipeline/jvm/, the job's event-time operator) keeps each join value's versions
   and decides a driving row once the watermark passes its time, with the version current then
   (``maxWait`` 0: none after it): :func:`_lookup_versions`. Several temporal joins are lookups
@@ -44,12 +49,12 @@ from datetime import datetime, timezone
 from pipeline import store, wire
 from pipeline.config import Settings
 from pipeline.source.rows import CLOCK_KIND
-from pipeline.sql.settings import idle_timeout_ms
 from pipeline.sql.envelope import BASE_FIELDS, arrow_schema, envelope_fields, parse_batches, parser_args, used_columns
 from pipeline.sql.plan import Plan, field_name
 
 WATERMARK_COLUMN = "_watermark_time"
-EXTRA_FIELDS = [("kind", "string"), ("event_ms", "bigint")]  # the table's name; the row's time in epoch ms
+# the table's name; the row's time in epoch ms; the most it counts for the watermark (join_clock.py)
+EXTRA_FIELDS = [("kind", "string"), ("event_ms", "bigint"), ("watermark_bound", "bigint")]
 # VersionedLookup's working columns (statefulstreams.LookupSpec); what it writes is read here only
 LOOKUP_FIELDS = [("join_hash", "bigint"), ("join_key", "string"), ("version_key", "string"),
                  ("lookup_role", "string"), ("found", "string"), ("first_seen_ms", "bigint"), ("waited_ms", "bigint"),
@@ -131,13 +136,15 @@ def parse_timed_batches(batches, parser: dict, fields: list, times: list[dict]):
 
     schema = arrow_schema(fields)
     for batch in batches:
-        if batch.num_rows and batch.column("kind")[0].as_py() == CLOCK_KIND:  # an idle table's heartbeat (idle.py)
-            yield pa.RecordBatch.from_pylist([{"op": CLOCK_KIND, "kind": CLOCK_KIND, "event_ms": batch.column(
-                "event_time")[0].as_py(), "source_partition": -1, "position": 0}], schema=schema)
+        if batch.num_rows and batch.column("kind")[0].as_py() == CLOCK_KIND:  # the table's clock moved (join_clock.py)
+            at = batch.column("event_time")[0].as_py()
+            yield pa.RecordBatch.from_pylist([{"op": CLOCK_KIND, "kind": CLOCK_KIND, "event_ms": at, "watermark_bound": at,
+                                               "source_partition": -1, "position": 0}], schema=schema)
             continue
-        messages = batch.select(["event_time", "value"]).to_pylist()
+        messages = batch.select(["event_time", "value", "watermark_bound"]).to_pylist()
         for parsed in parse_batches(iter([batch]), **parser):
-            rows = [decide_times(times, row, message) for row, message in zip(parsed.to_pylist(), messages)]
+            rows = [dict(decide_times(times, row, message), watermark_bound=message["watermark_bound"])
+                    for row, message in zip(parsed.to_pylist(), messages)]
             yield pa.RecordBatch.from_pylist(rows, schema=schema)
 
 
@@ -149,33 +156,41 @@ def build_temporal_frame(spark, settings: Settings, plan: Plan, name: str, servi
     """The query's rows up to the sink: a join's (key, op before/after/delete/dead, s<i>_…, out<i>, _pass)."""
     from pyspark.sql import functions as F
 
-    from pipeline.sql.idle import NEWEST_OBSERVED, clock_path
+    from pipeline.source.clock import partition_name
+    from pipeline.source.counts import list_topic_partitions
+    from pipeline.sql.join_clock import NEWEST_OBSERVED, clock_path
     from pipeline.sql.source import count_rows, read_topics
 
-    idle = idle_timeout_ms(plan.settings) > 0
-    not_clock = ~F.col("op").eqNullSafe(CLOCK_KIND)
+    partitions = list_topic_partitions(service_url, {t.name: t.topic for t in plan.sides}, settings["pulsar.auth_token"])
+    timed = ~F.col("op").eqNullSafe(CLOCK_KIND) & F.col("event_ms").isNotNull()
     frames = []
     for side, table in enumerate(plan.sides):
-        # {"key": "o1", "side": 0, "op": "upsert", …, "kind": "orders", "event_ms": 1714564800000}
+        # {"key": "o1", "side": 0, "op": "upsert", …, "kind": "orders", "event_ms": 1714564800000, "watermark_bound": …}
         rows = read_topics(spark, settings, [table], name, service_url, stats=f"source-stats-{side}",
                            parser=(PARSE_TRANSFORM, timed_parser_args(plan), temporal_ddl(plan)),
-                           clock_file=clock_path(store.sql_dir(settings.data_dir, name), side) if idle else None)
-        if idle:  # the table's newest time, for its own idle clock and the other's (pipeline/sql/idle.py)
-            rows = rows.observe(NEWEST_OBSERVED.format(side=side),
-                                F.max(F.when(not_clock, F.col("event_ms"))).alias("newest_ms"))
-        # the table's watermark: its newest time minus its delay (Spark keeps the least of the two
-        # nodes); an idle table's heartbeat row counts here, and goes no further
-        frames.append(rows.withColumn(WATERMARK_COLUMN, F.timestamp_millis("event_ms"))
+                           clock_file=clock_path(store.sql_dir(settings.data_dir, name), side))
+        # each partition's newest time, for the table's clock (pipeline/sql/join_clock.py)
+        rows = rows.observe(NEWEST_OBSERVED.format(side=side), *[
+            F.max(F.when(timed & (F.col("source_partition") == int(p)), F.col("event_ms")))
+            .alias(partition_name(table.name, p)) for p in partitions[table.name]])
+        # the table's watermark: each row's time up to its bound, minus the delay (Spark keeps the
+        # least of the nodes); a clock row counts here, and goes no further
+        bound = F.col("watermark_bound")
+        stamp = F.when(F.col("event_ms").isNotNull() & bound.isNotNull(),
+                       F.timestamp_millis(F.least(F.col("event_ms"), bound)))
+        frames.append(rows.withColumn(WATERMARK_COLUMN, stamp)
                       .withWatermark(WATERMARK_COLUMN, f"{int(table.watermark[1])} milliseconds"))
     rows = frames[0]
     for frame in frames[1:]:
         rows = rows.unionByName(frame)
-    if idle:  # the heartbeats dropped; the test names the watermark column, so Spark cannot push it below the watermark
-        stamp = F.col(WATERMARK_COLUMN)
-        rows = rows.where(F.when(not_clock, stamp.isNull() | stamp.isNotNull()).otherwise(F.lit(False)))
+    # the clock rows dropped; the test names the watermark column, so Spark cannot push it below the watermark
+    stamp = F.col(WATERMARK_COLUMN)
+    rows = rows.where(F.when(~F.col("op").eqNullSafe(CLOCK_KIND), stamp.isNull() | stamp.isNotNull())
+                      .otherwise(F.lit(False)))
     # without the watermark column the operators see every row (a late one is decided, not dropped)
-    rows = rows.drop(WATERMARK_COLUMN)
-    rows = count_rows(rows, settings, plan.sides, service_url, partition_column="source_partition")
+    rows = rows.drop(WATERMARK_COLUMN, "watermark_bound")
+    rows = count_rows(rows, settings, plan.sides, service_url, partition_column="source_partition",
+                      partitions=partitions)
     return apply_temporal_join(rows, plan)
 
 
