@@ -64,6 +64,13 @@ def read_in_batches(reader, limit_rows: int):
         offsets.append(end)
 
 
+def partitioned(admin_url: str, topic: str, partitions: int) -> None:
+    """Create ``topic`` with ``partitions`` partitions through the admin API."""
+    request = urllib.request.Request(f"{admin_url}/admin/v2/persistent/{topic.removeprefix('persistent://')}/partitions",
+                                     data=str(partitions).encode(), method="PUT", headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(request, timeout=10).close()
+
+
 def admin_get(url: str, path: str):
     with urllib.request.urlopen(url + "/admin/v2/" + path, timeout=10) as response:
         return json.loads(response.read() or b"null")
@@ -448,10 +455,7 @@ def test_sql_pipelines_count_and_join_on_a_foreign_key_through_apache_pulsar(apa
     counted = fresh_topics("users", "user_count_by_account")
     joined = fresh_topics("users", "accounts", "users_with_their_account")
     joined["users"] = counted["users"]  # both read the same users topic, as the seed's two jobs do
-    request = urllib.request.Request(f"{apache_pulsar.admin_url}/admin/v2/persistent/"
-                                     f"{counted['users'].removeprefix('persistent://')}/partitions", data=b"4",
-                                     method="PUT", headers={"Content-Type": "application/json"})
-    urllib.request.urlopen(request, timeout=10).close()
+    partitioned(apache_pulsar.admin_url, counted["users"], 4)
 
     def user(uid: str, account: str, name: str = "bob", id_=1) -> tuple[str, bytes]:
         return message(uid, {"uid": uid, "accountId": account, "id": id_, "fullName": name, "op": "c"})
@@ -487,3 +491,17 @@ def test_sql_pipelines_count_and_join_on_a_foreign_key_through_apache_pulsar(apa
     for name in ("count", "fk"):
         dead = sink_rows(settings, name, "dead_letter")
         assert [(d["key"], d["error"]) for d in dead] == [("u9", "table 'users' column 'id': expected INT, got string \"nine\"")]
+
+
+@pytest.mark.e2e
+def test_a_sql_temporal_join_over_a_partitioned_table_holds_the_order_for_the_partition_behind(
+        apache_settings_factory, apache_pulsar, spark):
+    """tests/test_sql_temporal_partitions.py's case, the users topic of two partitions made through
+    the admin API: the table's watermark is the least of its partitions', on Apache Pulsar too."""
+    from sqlhelp import fresh_topics
+    from test_sql_temporal_partitions import a_partition_behind_holds_the_order_back
+
+    topics = fresh_topics("orders", "users", "out")
+    partitioned(apache_pulsar.admin_url, topics["users"], 2)
+    a_partition_behind_holds_the_order_back(apache_pulsar.service_url, topics,
+                                            apache_settings_factory(job__restart__delay="3s"), spark)

@@ -211,3 +211,22 @@ def watermark(spark, name: str) -> int | None:
     marks = [p["eventTime"].get("watermark") for p in (query.recentProgress if query else []) if p.get("eventTime")]
     marks = [m for m in marks if m]
     return int(datetime.fromisoformat(marks[-1].replace("Z", "+00:00")).timestamp() * 1000) if marks else None
+
+
+@pytest.mark.e2e
+def test_a_table_that_never_sent_no_longer_holds_the_join_back_once_idle(settings_factory, broker, spark):
+    """Spark holds the join's watermark at 0 while a table's watermark node has seen no row (a
+    rates table not written yet): once idle, the table is raised to the other's watermark, and
+    LEFT pads the orders with NULLs."""
+    settings = settings_factory(job__restart__delay="3s")
+    topics = fresh_topics("orders", "users", "out")
+    url = broker.service_url
+    publish(url, topics["orders"], [message(key, {"id": key, "user_id": "u1", "ts": at(ms)})
+                                    for key, ms in (("o1", T + 2_000), ("o2", T + 10_000))])
+    with Running(settings, build_plan(SQL, topics), "never", spark) as running:
+        def decided() -> dict[str, str | None]:
+            running.result(settings, "never")  # raises the pipeline's own error, if it stopped
+            return {key: json.loads(value)["name"] for key, value in read_topic(url, topics["out"], timeout_ms=300)}
+
+        assert wait_for(lambda: decided() or None, 120, what="o1 decided with users idle") == {"o1": None}
+        assert watermark(spark, "never") == T + 9_000  # the orders' own: o2 waits for a later order

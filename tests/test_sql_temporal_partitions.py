@@ -39,8 +39,13 @@ def users(url: str, topic: str, versions: list[tuple[str, str, int]]) -> dict[st
 @pytest.mark.e2e
 def test_a_partition_behind_holds_the_order_back_until_it_moves(two_partitions, settings_factory, spark):
     broker, topics = two_partitions
-    url = broker.service_url
-    settings = settings_factory(pulsar__service_url=url, job__restart__delay="3s")
+    a_partition_behind_holds_the_order_back(broker.service_url, topics, settings_factory(
+        pulsar__service_url=broker.service_url, job__restart__delay="3s"), spark)
+
+
+def a_partition_behind_holds_the_order_back(url: str, topics: dict[str, str], settings, spark) -> None:
+    """The module's case on a broker where ``topics["users"]`` has two partitions (Apache Pulsar's
+    tier runs it too: tests/test_apache_pulsar.py)."""
     where = users(url, topics["users"], [(f"u{n}", "old", T + 1_000) for n in range(20)])  # both partitions at T+1 s
     ahead = next(key for key, part in where.items() if part == 0)
     behind = next(key for key, part in where.items() if part == 1)
