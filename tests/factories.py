@@ -63,13 +63,24 @@ def publish(service_url: str, topic: str, messages: list[tuple[str | None, bytes
     return len(messages)
 
 
-def publish_timed(service_url: str, topic: str, messages: list[tuple[str, bytes, int]]) -> None:
-    """Send (key, payload, event time ms) triples in order, unbatched, each with its event time."""
+def publish_timed(service_url: str, topic: str, messages: list[tuple[str, bytes, int]], batching: bool = False) -> None:
+    """Send (key, payload, event time ms) triples in order, each with its event time: unbatched,
+    or with ``batching`` several to an entry (each message keeps its own event time)."""
     client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
     try:
-        producer = client.create_producer(topic, batching_enabled=False)
+        if not batching:
+            producer = client.create_producer(topic, batching_enabled=False)
+            for key, payload, at in messages:
+                producer.send(payload, partition_key=key, event_timestamp=at)
+            return
+        producer = client.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=2,
+                                          block_if_queue_full=True)
+        refused: list[str] = []
         for key, payload, at in messages:
-            producer.send(payload, partition_key=key, event_timestamp=at)
+            producer.send_async(payload, lambda result, _id: result == pulsar.Result.Ok or refused.append(str(result)),
+                                partition_key=key, event_timestamp=at)
+        producer.flush()
+        assert not refused, f"the broker refused {len(refused)} of {len(messages)} messages to {topic}: {refused[0]}"
     finally:
         client.close()
 

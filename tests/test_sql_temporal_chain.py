@@ -69,7 +69,9 @@ STEPS = (
 
 
 @pytest.mark.e2e
-def test_an_order_joins_its_user_and_its_item_each_as_of_its_time(settings_factory, broker, spark):
+@pytest.mark.parametrize("batching", [False, True], ids=["unbatched", "batched"])
+def test_an_order_joins_its_user_and_its_item_each_as_of_its_time(batching, settings_factory, broker, spark):
+    """Published as pulsar-client's defaults do (one message an entry), and several to an entry."""
     settings = settings_factory(job__restart__delay="3s")
     topics = fresh_topics("orders", "users", "items", "out")
     url = broker.service_url
@@ -77,9 +79,9 @@ def test_an_order_joins_its_user_and_its_item_each_as_of_its_time(settings_facto
     def send(messages) -> None:
         for name in ("users", "items", "orders"):  # in order, one producer per table, each with its event times
             publish_timed(url, topics[name], [(key, message(key, record)[1], ms) for table, key, record, ms in messages
-                                              if table == name and ms is not None])
+                                              if table == name and ms is not None], batching=batching)
         publish(url, topics["orders"], [message(key, record) for table, key, record, ms in messages
-                                        if table == "orders" and ms is None])
+                                        if table == "orders" and ms is None], batching=batching)
 
     (first, first_changes), *later = STEPS
     send(first)
