@@ -9,7 +9,7 @@ import json
 import pytest
 
 from factories import publish, publish_timed
-from pipeline.source.clock import read_clock_file
+from pipeline.source.clock import NEWEST, read_clock_file
 from pipeline.sql.join_clock import JoinClock, clock_path, heartbeats
 from pipeline.sql.plan import build_plan
 from sqlhelp import Running, fresh_topics, message, read_topic
@@ -41,8 +41,8 @@ def test_with_temporal_joins_one_after_another_an_idle_table_is_raised_to_the_le
 def progress(batch: int, orders_n: int, users_n: dict[str, int], newest: dict[str, int], backlog: int = 0) -> dict:
     """A batch's progress: the read positions of the orders (not partitioned) and of each users
     partition (``users_n``: partition -> read position), and each partition's newest time read."""
-    def offsets(table: str, parts: dict[str, int]) -> dict:
-        return {"endOffset": json.dumps({table: {"gen": 0, "parts": {p: {"n": n} for p, n in parts.items()}}}),
+    def offsets(table: str, parts: dict[str, int]) -> dict:  # as the table's own source ends: with its clock's facts
+        return {"endOffset": json.dumps({table: {"gen": 0, "parts": {p: {"n": n, NEWEST: 0} for p, n in parts.items()}}}),
                 "latestOffset": json.dumps({table: {"gen": 0, "parts": {p: {"n": n + backlog} for p, n in parts.items()}}})}
 
     observed = {"sql_newest_side_0": {k: v for k, v in newest.items() if k == "orders"},
@@ -54,12 +54,13 @@ def progress(batch: int, orders_n: int, users_n: dict[str, int], newest: dict[st
 def test_the_clock_marks_a_table_idle_after_the_timeout_and_active_again_when_it_moves(tmp_path):
     events = []
     clock = JoinClock(tmp_path, ["orders", "users"], [1_000, 0], idle_timeout_ms=5_000,
-                      record=lambda kind, message, **details: events.append((kind, details["table"])))
+                      record=lambda kind, message, **details: events.append((kind, details["table"])),
+                      partitions={"orders": ["-1"], "users": ["-1"]})
     users = clock_path(tmp_path, 1)
-    assert read_clock_file(users).newest == {}  # a started pipeline: its first batch counts for no watermark
+    assert read_clock_file(users).newest == {"users": None}  # a started pipeline: no time yet
     clock.observe(progress(0, 3, {"-1": 2}, {"orders": T + 9_000, "users": T + 1_000}), now_ms=0)
     assert read_clock_file(users).newest == {"users": T + 1_000} and not read_clock_file(users).idle
-    assert read_clock_file(users).through == {"users": {"gen": 0, "parts": {"-1": {"n": 2}}}}  # the batch taken in
+    assert read_clock_file(users).through == {"users": {"gen": 0, "parts": {"-1": {"n": 2, NEWEST: 0}}}}  # taken in
     clock.observe(progress(1, 5, {"-1": 2}, {"orders": T + 12_000}), now_ms=4_000)
     assert read_clock_file(users).newest == {"users": T + 1_000} and not read_clock_file(users).idle  # 4 s of 5
     clock.update(now_ms=5_000)
@@ -76,11 +77,27 @@ def test_the_clock_marks_a_table_idle_after_the_timeout_and_active_again_when_it
     assert events == [("table_idle", "users"), ("table_active", "users"), ("table_idle", "orders")]
 
 
+def test_a_statement_sets_shared_read_of_the_same_table_is_not_the_clocks(tmp_path):
+    """The join's tables read again by another INSERT's shared source: its positions would make a
+    quiet partition look as if it moved. The table's own source carries its clock's facts."""
+    clock = JoinClock(tmp_path, ["orders", "users"], [0, 0], idle_timeout_ms=5_000,
+                      partitions={"orders": ["-1"], "users": ["-1"]})
+    own = {"users": {"gen": 0, "parts": {"-1": {"n": 2, NEWEST: None}}}}
+    assert clock.side_of(own) == 1
+    assert clock.side_of({"users": {"gen": 0, "parts": {"-1": {"n": 9}}}}) is None  # the shared read
+    assert clock.side_of({"users": own["users"], "accounts": own["users"]}) is None  # a read of several tables
+    clock.observe(progress(0, 1, {"-1": 2}, {}), now_ms=0)
+    shared = {"endOffset": json.dumps({"users": {"gen": 0, "parts": {"-1": {"n": 7}}}}), "latestOffset": "{}"}
+    clock.observe({"batchId": 1, "sources": [shared], "observedMetrics": {}}, now_ms=6_000)
+    assert clock.idle == {0, 1}  # neither moved: the shared read's position is not users'
+
+
 def test_a_partitioned_tables_clock_is_the_least_of_its_partitions_and_an_idle_partition_is_left_out(tmp_path):
     from pipeline.source.clock import clock_ms, facts_of, row_bounds, with_facts
 
     (tmp_path / "checkpoint" / "commits").mkdir(parents=True)
-    clock = JoinClock(tmp_path, ["orders", "users"], [0, 0], idle_timeout_ms=5_000)
+    parts = {"orders": ["-1"], "users": ["0", "1", "2"]}
+    clock = JoinClock(tmp_path, ["orders", "users"], [0, 0], idle_timeout_ms=5_000, partitions=parts)
     users = clock_path(tmp_path, 1)
 
     def facts():  # as the users source carries them in its next offset
@@ -101,8 +118,8 @@ def test_a_partitioned_tables_clock_is_the_least_of_its_partitions_and_an_idle_p
     assert clock_ms(facts()) == T + 7_000 and not clock.idle  # the table itself is active
     # a restarted pipeline's clock starts from the newest times of the last committed batch (1):
     # users/1 quiet since then does not hold the table back at nothing
-    restarted = JoinClock(tmp_path, ["orders", "users"], [0, 0], idle_timeout_ms=0)
-    assert read_clock_file(users).newest == {}
+    restarted = JoinClock(tmp_path, ["orders", "users"], [0, 0], idle_timeout_ms=0, partitions=parts)
+    assert read_clock_file(users).newest == {"users/0": T + 6_000, "users/1": T + 2_000, "users/2": T + 8_000}
     restarted.observe(progress(2, 3, {"0": 3, "1": 1, "2": 2}, {"users/0": T + 7_100}), now_ms=0)
     assert read_clock_file(users).newest == {"users/0": T + 7_100, "users/1": T + 2_000, "users/2": T + 8_000}
 

@@ -18,7 +18,8 @@ import pytest
 from factories import publish, publish_timed
 from pipeline.sql.plan import build_plan
 from pipeline.sql.sqltypes import UnsupportedSql
-from sqlhelp import Running, expect_changelog, fresh_topics, latest_per_key, message
+from sqlhelp import Running, expect_changelog, fresh_topics, latest_per_key, message, read_topic
+from waiting import wait_for
 from test_sql_temporal import ORDERS as TEMPORAL_ORDERS
 from test_sql_temporal import T, USERS, WITH, at, user
 
@@ -142,3 +143,53 @@ def test_the_example_passes_check_and_its_samples_are_its_tables():
     assert [(j.join_column, j.inner) for j in plan.temporal.joins] == [("user_id", False), ("item_id", True)]
     assert len(load_samples(SQL_DIR / "orders_with_user_and_item_as_of.messages.jsonl", plan)) == 13
     assert main(["--data-dir", "/tmp/unused-sql-cli", "sql", str(path), "--check"]) == 0
+
+
+PER_USER = ("CREATE TABLE orders_per_user (user_id STRING, orders BIGINT, PRIMARY KEY (user_id) NOT ENFORCED) "
+            + WITH.format(name="orders_per_user") + ";")
+COUNT = "INSERT INTO orders_per_user SELECT o.user_id, COUNT(*) FROM orders AS o GROUP BY o.user_id"
+STATEMENT_SET = "\n".join([ORDERS, USERS, ITEMS, OUT, PER_USER, "EXECUTE STATEMENT SET BEGIN", CHAIN + ";", COUNT + ";",
+                           "END;"])
+
+
+@pytest.mark.e2e
+def test_a_statement_set_runs_the_chain_beside_a_count_of_the_same_orders(settings_factory, broker, spark):
+    """One query: the chain reads its tables in sources of its own (a watermark each), the count
+    reads the orders in the set's shared read; each INSERT's changelog is its own, and the chain's
+    clock follows its own sources, not the shared read of the same orders."""
+    from pipeline.sql.script import build_pipeline
+
+    settings = settings_factory(job__restart__delay="3s")
+    topics = fresh_topics("orders", "users", "items", "out", "orders_per_user")
+    url = broker.service_url
+    for name in ("users", "items", "orders"):
+        publish_timed(url, topics[name], [(key, message(key, record)[1], ms) for table, key, record, ms in FIRST
+                                          if table == name and ms is not None])
+    publish(url, topics["orders"], [message(key, record) for table, key, record, ms in FIRST
+                                    if table == "orders" and ms is None])
+    plans = build_pipeline(STATEMENT_SET, topics)
+    assert [plan.temporal is not None for plan in plans] == [True, False]
+    with Running(settings, plans, "chain-set", spark) as running:
+        def arrived():
+            running.result(settings, "chain-set", "result_out")  # raises the pipeline's own error, if it stopped
+            out = latest_per_key(read_topic(url, topics["out"], timeout_ms=300))
+            counts = latest_per_key(read_topic(url, topics["orders_per_user"], timeout_ms=300))
+            return len(out) >= 4 and counts.get("u1", {}).get("orders") == 4 and (out, counts)
+
+        out, counts = wait_for(arrived, 240, what="the chain's first rows and the counts")
+    from sqlhelp import sink_rows
+
+    assert sink_rows(settings, "chain-set", "dead_letter") == []  # the count's envelope takes the orders' TIMESTAMP(3) text
+    assert out == latest_per_key(list(STEPS[0][1]))  # the chain's first step, as alone
+    assert counts == {"u1": {"user_id": "u1", "orders": 4}, "u9": {"user_id": "u9", "orders": 1},
+                      "tick1700000010000": {"user_id": "tick1700000010000", "orders": 1}}
+
+
+def test_two_temporal_joins_in_one_statement_set_are_refused_in_one_line():
+    from pipeline.sql.script import build_pipeline
+
+    other = CHAIN.replace("INSERT INTO out", "INSERT INTO out2")
+    out2 = OUT.replace("TABLE out ", "TABLE out2 ").replace("/out'", "/out2'")
+    with pytest.raises(UnsupportedSql, match=re.escape("2 INSERTs with a temporal join (FOR SYSTEM_TIME AS OF) in one "
+                                                       "statement set (into out, out2); supported: one per set")):
+        build_pipeline("\n".join([ORDERS, USERS, ITEMS, OUT, out2, CHAIN + ";", other + ";"]))

@@ -19,8 +19,9 @@ def column_name(kind: str, partition: str | int) -> str:
 
 
 def observe_rows(frame, partitions: dict[str, list[str]], kind_column="kind",
-                 partition_column: str = "partition"):
-    """``frame`` with its rows counted per topic partition (observed metric ``source_rows``).
+                 partition_column: str = "partition", name: str = SOURCE_ROWS):
+    """``frame`` with its rows counted per topic partition (observed metric ``name``: ``source_rows``,
+    or ``source_rows_<something>`` for another read of the same query, which Spark needs named apart).
 
     ``partitions``: topic kind -> its partitions ('-1' for a topic that is not partitioned),
     listed when the query is built; rows of a partition added later are counted from the next
@@ -32,20 +33,24 @@ def observe_rows(frame, partitions: dict[str, list[str]], kind_column="kind",
     part = F.coalesce(F.col(partition_column), F.lit(-1))
     counts = [F.count(F.when((kind == k) & (part == int(p)), 1)).alias(column_name(k, p))
               for k, parts in sorted(partitions.items()) for p in sorted(parts, key=int)]
-    return frame.observe(SOURCE_ROWS, *counts) if counts else frame
+    return frame.observe(name, *counts) if counts else frame
 
 
 def rows_from_progress(progress: dict) -> dict[str, dict[str, int]] | None:
-    """The batch's messages per topic kind and partition from Spark's progress JSON, or None
-    when the batch observed none (a batch that read nothing, or a query that does not count)."""
-    values = (progress.get("observedMetrics") or {}).get(SOURCE_ROWS)
-    if not isinstance(values, dict):
+    """The batch's messages per topic kind and partition from Spark's progress JSON (summed over
+    the query's reads: ``source_rows`` and each ``source_rows_…``), or None when the batch observed
+    none (a batch that read nothing, or a query that does not count)."""
+    observed = progress.get("observedMetrics") or {}
+    reads = [values for key, values in observed.items()
+             if (key == SOURCE_ROWS or str(key).startswith(SOURCE_ROWS + "_")) and isinstance(values, dict)]
+    if not reads:
         return None
     counted: dict[str, dict[str, int]] = {}
-    for name, value in values.items():
-        kind, _, partition = str(name).rpartition("/")
-        if kind:
-            counted.setdefault(kind, {})[partition] = int(value or 0)
+    for values in reads:
+        for name, value in values.items():
+            kind, _, partition = str(name).rpartition("/")
+            if kind:
+                counted.setdefault(kind, {})[partition] = counted.get(kind, {}).get(partition, 0) + int(value or 0)
     return counted
 
 

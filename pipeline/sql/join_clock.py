@@ -36,7 +36,7 @@ from pathlib import Path
 
 from pipeline.enrich.event_clock import idle_topics, keep_newest, partition_positions, restored_newest
 from pipeline.metrics import source_offset
-from pipeline.source.clock import clock_ms, write_clock_file
+from pipeline.source.clock import NEWEST, clock_ms, partition_name, write_clock_file
 
 NEWEST_OBSERVED = "sql_newest_side_{side}"  # per table: each partition's newest event time in a batch
 
@@ -65,16 +65,20 @@ def heartbeats(position: dict[int, int | None], delays: dict[int, int], idle: se
 
 class JoinClock:
     """The driver's clock of a temporal join's tables (module docstring): ``tables``: each side's
-    table name; ``delays``: each side's WATERMARK delay in ms; ``idle_timeout_ms``: 0 marks none idle."""
+    table name; ``delays``: each side's WATERMARK delay in ms; ``idle_timeout_ms``: 0 marks none
+    idle; ``partitions``: each table's partitions when the query is built (as
+    ``counts.list_topic_partitions`` gives them; each holds its table back until it has a time)."""
 
-    def __init__(self, root: Path, tables: list[str], delays: list[int], idle_timeout_ms: int, record=None):
+    def __init__(self, root: Path, tables: list[str], delays: list[int], idle_timeout_ms: int, record=None,
+                 partitions: dict[str, list[str]] | None = None):
         """``record``: (kind, message, **details) -> None, the pipeline's event recorder: a table
         going idle and sending again are ``table_idle`` and ``table_active`` events."""
         self.record, self.checkpoint = record, Path(root) / "checkpoint"
         self.paths = {side: clock_path(root, side) for side in range(len(tables))}
         self.tables, self.delays, self.timeout_ms = list(tables), dict(enumerate(delays)), idle_timeout_ms
         self.newest: dict[str, int] = restored_newest(self.checkpoint)  # per partition (clock name)
-        self.partitions: dict[int, list[str]] = {side: [] for side in self.paths}
+        self.partitions: dict[int, list[str]] = {side: [partition_name(table, p) for p in (partitions or {}).get(table, [])]
+                                                 for side, table in enumerate(tables)}
         self.through: dict[int, dict | None] = {side: None for side in self.paths}
         self.positions: dict[str, tuple] = {}
         self.last_moved_ms: dict[str, int] = {}
@@ -96,16 +100,28 @@ class JoinClock:
         self.history = keep_newest(self.checkpoint, self.history, progress["batchId"], self.newest)
         for source in progress.get("sources") or []:
             end, latest = source_offset(source.get("endOffset")), source_offset(source.get("latestOffset"))
+            side = self.side_of(end)
+            if side is None:
+                continue  # another INSERT's read of the same topics (a statement set): not this clock's
             for name, (generation, position, unread) in partition_positions(end, latest).items():
                 if self.positions.get(name) != (generation, position):
                     self.positions[name] = (generation, position)
                     self.last_moved_ms[name] = now_ms
                 self.backlog[name] = unread
-            for side, table in enumerate(self.tables):
-                if table in end:  # this table's own source
-                    self.partitions[side] = list(partition_positions({table: end[table]}, {}))
-                    self.through[side] = end or None
+            self.partitions[side] = list(partition_positions(end, {}))
+            self.through[side] = end
         self.update(now_ms)
+
+    def side_of(self, end: dict) -> int | None:
+        """The side whose own source ended at ``end``: one table's offsets carrying its clock's facts
+        (a statement set's shared read of the same table carries none)."""
+        if len(end) != 1:
+            return None
+        table, offsets = next(iter(end.items()))
+        parts = (offsets or {}).get("parts") or {}
+        if table not in self.tables or not any(NEWEST in part for part in parts.values()):
+            return None
+        return self.tables.index(table)
 
     def position(self, side: int, idle_partitions: set[str]) -> int | None:
         """The table's clock: the least newest time of its active partitions (the newest of all
@@ -130,7 +146,7 @@ class JoinClock:
         beats = heartbeats({side: self.position(side, idle_partitions) for side in self.paths}, self.delays, idle)
         self.beats = {side: max(ms, self.beats.get(side, ms)) for side, ms in beats.items()}
         for side, path in self.paths.items():
-            names = self.partitions[side]  # none before the first batch: its rows count for no watermark
+            names = self.partitions[side]
             if side in self.beats:  # every partition idle at the heartbeat: the source's clock row carries it there
                 newest, idle_names = {name: self.beats[side] for name in names}, set(names)
             else:

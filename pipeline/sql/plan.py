@@ -192,9 +192,6 @@ def build_query(insert: exp.Insert, tables: dict[str, Table], statements: tuple[
         for n, join in enumerate(temporal.joins):  # in this order: a one-join plan's fingerprint is as it was
             query.reads += [(0, join.join_column), *([(0, temporal.left_time)] if n == 0 else []),
                             (join.side, join.time), (join.side, sides[join.side].primary_key)]
-    else:
-        from pipeline.sql.temporal import refuse_timestamp_columns
-        refuse_timestamp_columns(sides)
     where = select.args.get("where")
     where_sql, where_joined = query.where(where.this) if where else (None, None)
     query.reads += [(side, column) for _, side, column in foreign_keys if (side, column) not in query.reads]
@@ -219,6 +216,9 @@ def build_query(insert: exp.Insert, tables: dict[str, Table], statements: tuple[
                 group_labels=tuple(g.sql(dialect=Flink) for g in (group.expressions if group else [])), inner=tuple(inner),
                 settings=tuple(sorted((settings or {}).items())), temporal=temporal,
                 foreign_key=foreign_keys[0][2] if foreign_keys else None, foreign_keys=tuple(foreign_keys))
+    if temporal is None:
+        from pipeline.sql.temporal import refuse_timestamp_columns
+        refuse_timestamp_columns(plan)
     _check_key(plan)
     _check_types(plan)
     return plan

@@ -280,12 +280,16 @@ def source_tables(plans: tuple[Plan, ...]) -> list:
 def build_frame(spark, settings: Settings, plans: tuple[Plan, ...], name: str, service_url: str):
     """The query's rows up to the sink. A statement set parses after its one shared read (each
     INSERT its own envelope); otherwise the source's read tasks parse (``read_parsed``)."""
-    if plans[0].temporal is not None:  # one INSERT (script.py refuses one in a statement set)
-        from pipeline.sql.temporal_stream import build_temporal_frame
-        return build_temporal_frame(spark, settings, plans[0], name, service_url)
+    from pipeline.sql.temporal_stream import build_temporal_frame
+
     if len(plans) == 1:
+        if plans[0].temporal is not None:
+            return build_temporal_frame(spark, settings, plans[0], name, service_url)
         return apply_operators(read_parsed(spark, settings, plans[0], name, service_url), plans[0])
-    return build_set_frame(read_source(spark, settings, source_tables(plans), name, service_url), plans, apply_operators)
+    # a statement set: its temporal INSERT (one at most: script.py) reads its tables in sources of its own
+    shared = [plan for plan in plans if plan.temporal is None]
+    return build_set_frame(read_source(spark, settings, source_tables(tuple(shared)), name, service_url), plans,
+                           apply_operators, lambda plan: build_temporal_frame(spark, settings, plan, name, service_url, in_set=True))
 
 
 def build_query(spark, settings: Settings, plans: tuple[Plan, ...], name: str, service_url: str, writer: SqlSinkWriter,
@@ -363,11 +367,14 @@ def run_sql_pipeline(settings: Settings, plan: Plan | tuple[Plan, ...], name: st
                 stop.set()
 
         join_clock = None
-        if plans[0].temporal is not None:
+        temporal = next((plan for plan in plans if plan.temporal is not None), None)
+        if temporal is not None:
+            from pipeline.source.counts import list_topic_partitions
             from pipeline.sql.join_clock import JoinClock
 
-            join_clock = JoinClock(root, [t.name for t in plans[0].sides], [int(t.watermark[1]) for t in plans[0].sides],
-                                   idle_timeout_ms(plans[0].settings), metrics.event)
+            join_clock = JoinClock(root, [t.name for t in temporal.sides], [int(t.watermark[1]) for t in temporal.sides],
+                                   idle_timeout_ms(temporal.settings), metrics.event, list_topic_partitions(
+                                       service_url, {t.name: t.topic for t in temporal.sides}, settings["pulsar.auth_token"]))
         listener = make_listener(f"sql-{name}", metrics, writer, on_batch, join_clock)
         spark.streams.addListener(listener)
         into = ", ".join(f"{p.kind} into {p.target.topic}" for p in plans)

@@ -108,9 +108,11 @@ def build_pipeline(text: str, topic_map: dict[str, str] | None = None) -> tuple[
     if not inserts:
         raise UnsupportedSql(f"0 INSERT INTO statements; supported: one or more INSERT INTO … SELECT … ({STATEMENTS})")
     plans = tuple(build_query(insert, known, statements, seen, settings) for insert, known, seen in inserts)
-    if len(plans) > 1 and any(plan.temporal is not None for plan in plans):
-        raise UnsupportedSql("a temporal join (FOR SYSTEM_TIME AS OF) in a statement set is not supported: it reads "
-                             "its tables with a watermark each; supported: its INSERT alone in a script")
+    temporal = [plan.target.name for plan in plans if plan.temporal is not None]
+    if len(temporal) > 1:
+        raise UnsupportedSql(f"{len(temporal)} INSERTs with a temporal join (FOR SYSTEM_TIME AS OF) in one statement "
+                             f"set (into {', '.join(temporal)}); supported: one per set, since a Spark query keeps one "
+                             "watermark and one join's tables would hold the other's back: run each in a script of its own")
     targets = [plan.target.name.lower() for plan in plans]
     twice = sorted({t for t in targets if targets.count(t) > 1})
     if twice:

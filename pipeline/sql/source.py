@@ -45,16 +45,18 @@ def read_topics(spark, settings: Settings, tables, name: str, service_url: str, 
 
 
 def count_rows(frame, settings: Settings, tables, service_url: str, kind_column="kind",
-               partition_column: str = "partition", partitions: dict[str, list[str]] | None = None):
+               partition_column: str = "partition", partitions: dict[str, list[str]] | None = None,
+               name: str | None = None):
     """``frame`` with its rows counted per table and partition: the source's offsets count broker
     entries; each batch's messages are counted here (pipeline/source/counts.py). ``kind_column``:
     the column that holds the table's name, or a Column that gives it; ``partitions``: the
-    tables' partitions as ``counts.list_topic_partitions`` gives them, if already asked."""
+    tables' partitions as ``counts.list_topic_partitions`` gives them, if already asked; ``name``:
+    the observed metric's, for a second read in one query (``counts.observe_rows``)."""
     from pipeline.source.counts import list_topic_partitions, observe_rows
 
     if partitions is None:
         partitions = list_topic_partitions(service_url, {t.name: t.topic for t in tables}, settings["pulsar.auth_token"])
-    return observe_rows(frame, partitions, kind_column, partition_column)
+    return observe_rows(frame, partitions, kind_column, partition_column, **({"name": name} if name else {}))
 
 
 def read_source(spark, settings: Settings, tables, name: str, service_url: str):

@@ -7,11 +7,15 @@ micro-batch. The query::
     pulsar source (every table of every INSERT, read once) ─ exchange by key (shared)
       ├─ [kind in INSERT 0's tables] ─ envelope ─ operators (pipeline/sql/runner.py apply_operators) ─ i0_* columns
       ├─ [kind in INSERT 1's tables] ─ envelope ─ operators ─ i1_* columns
+      ├─ [a temporal INSERT: a source per table, each with its watermark (temporal_stream.py)] ─ i2_* columns
       └─ … ─ union (``_insert`` says whose row it is) ─ foreachBatch: each INSERT's topic and result table
 
 The shared exchange is one subtree of every branch, so Spark's exchange reuse runs the source
 read (and its row counts) once per batch, however many INSERTs read a table; each branch parses
-only its own tables' messages. Outputs per batch, in one foreachBatch call: each INSERT's rows
+only its own tables' messages. A temporal join needs a watermark per table, so its INSERT reads
+its tables again, in sources of its own; the query's one watermark is then that join's (the
+other INSERTs' operators keep no event time). Two temporal INSERTs would hold each other's
+watermark back, so a set has one at most (pipeline/sql/script.py). Outputs per batch, in one foreachBatch call: each INSERT's rows
 to its target topic (at least once, as a single INSERT's), then one commit of the writer's tables
 (pipeline/sql/sink.py): ``result_<target>`` per INSERT and one ``dead_letter`` (a bad message read
 by two INSERTs is one dead letter). A ``kill -9`` at any moment re-runs the batch from the
@@ -40,8 +44,10 @@ def branch_prefix(index: int) -> str:
     return f"i{index}_"
 
 
-def build_set_frame(source, plans: tuple[Plan, ...], apply_operators):
-    """The union of every INSERT's operator output over one shared, keyed read of ``source``.
+def build_set_frame(source, plans: tuple[Plan, ...], apply_operators, temporal_frame=None):
+    """The union of every INSERT's operator output over one shared, keyed read of ``source``; an
+    INSERT with a temporal join is ``temporal_frame(plan)``, its tables read by sources of its own,
+    each with its watermark (pipeline/sql/temporal_stream.py).
 
     # in:  {"kind": "users", "key": "u1", "value": b"…", …}  (the source's rows)
     # out: {"_insert": 1, "i1_key": "u1", "i1_op": "after", "i1_s0_uid": "u1", …, "i0_…": null}
@@ -51,9 +57,12 @@ def build_set_frame(source, plans: tuple[Plan, ...], apply_operators):
     shared = source.repartition("key")  # the one exchange every branch shares (reused by Spark)
     union = None
     for index, plan in enumerate(plans):
-        names = sorted({table.name for table in plan.sides})
-        rows = shared.filter(F.col("kind").isin(*names)).mapInArrow(make_parser(plan), envelope_ddl(plan))
-        out = apply_operators(rows, plan)
+        if plan.temporal is not None:
+            out = temporal_frame(plan)
+        else:
+            names = sorted({table.name for table in plan.sides})
+            rows = shared.filter(F.col("kind").isin(*names)).mapInArrow(make_parser(plan), envelope_ddl(plan))
+            out = apply_operators(rows, plan)
         out = out.select(F.lit(index).alias(INSERT_COLUMN),
                          *[F.col(f"`{c}`").alias(branch_prefix(index) + c) for c in out.columns])
         union = out if union is None else union.unionByName(out, allowMissingColumns=True)

@@ -167,11 +167,15 @@ def _plan_one(join: exp.Join, tables: dict, sides: list, aliases: dict[str, int]
     return VersionedJoin(side, join_column, versioned.watermark[0], inner)
 
 
-def refuse_timestamp_columns(sides) -> None:
-    """A TIMESTAMP(3) payload column is read only as a temporal join's time attribute (JSON text
-    parsed by pipeline/sql/temporal_stream.py); elsewhere the envelope has no such type."""
-    for table in sides:
-        for column in table.payload_columns:
-            if column.spark_type == "timestamp":
-                raise UnsupportedSql(f"table {table.name!r} column {column.name!r} is TIMESTAMP(3), read only in a "
-                                     f"temporal join ({TEMPORAL}); declare it STRING to read it elsewhere")
+def refuse_timestamp_columns(plan) -> None:
+    """A TIMESTAMP(3) payload column is read only in a temporal join (JSON text parsed by
+    pipeline/sql/temporal_stream.py); elsewhere the envelope has no such type. A query that does
+    not read it (a count over the orders of a temporal join's statement set) may have it."""
+    from pipeline.sql.envelope import used_columns
+
+    for side, name in used_columns(plan):
+        table = plan.sides[side]
+        column = table.column(name)
+        if column.spark_type == "timestamp" and not column.metadata:
+            raise UnsupportedSql(f"table {table.name!r} column {column.name!r} is TIMESTAMP(3), read only in a "
+                                 f"temporal join ({TEMPORAL}); declare it STRING to read it elsewhere")

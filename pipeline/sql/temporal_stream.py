@@ -44,12 +44,12 @@ pipeline/sql/temporal.py's. The query::
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import datetime, timezone
 
 from pipeline import store, wire
 from pipeline.config import Settings
 from pipeline.source.rows import CLOCK_KIND
-from pipeline.sql.envelope import BASE_FIELDS, arrow_schema, envelope_fields, parse_batches, parser_args, used_columns
+from pipeline.sql.envelope import (BASE_FIELDS, arrow_schema, envelope_fields, parse_batches, parse_timestamp,
+                                   parser_args, used_columns)
 from pipeline.sql.plan import Plan, field_name
 
 WATERMARK_COLUMN = "_watermark_time"
@@ -67,12 +67,6 @@ def as_text(plan: Plan) -> Plan:
     sides = tuple(replace(t, columns=tuple(replace(c, spark_type="string") if c.spark_type == "timestamp"
                                            and not c.metadata else c for c in t.columns)) for t in plan.sides)
     return replace(plan, sides=sides)
-
-
-def parse_timestamp(text: str) -> datetime:
-    """A TIMESTAMP(3) JSON value (Flink's SQL format ``2024-05-01 12:00:00.000`` or ISO-8601), in UTC."""
-    value = datetime.fromisoformat(text)
-    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
 
 
 def time_specs(plan: Plan) -> list[dict]:
@@ -152,12 +146,13 @@ def temporal_ddl(plan: Plan) -> str:
     return ", ".join(f"`{name}` {kind}" for name, kind in envelope_fields(plan) + EXTRA_FIELDS)
 
 
-def build_temporal_frame(spark, settings: Settings, plan: Plan, name: str, service_url: str):
-    """The query's rows up to the sink: a join's (key, op before/after/delete/dead, s<i>_…, out<i>, _pass)."""
+def build_temporal_frame(spark, settings: Settings, plan: Plan, name: str, service_url: str, in_set: bool = False):
+    """The query's rows up to the sink: a join's (key, op before/after/delete/dead, s<i>_…, out<i>, _pass).
+    ``in_set``: beside a statement set's shared read, whose row counts have the plain name."""
     from pyspark.sql import functions as F
 
     from pipeline.source.clock import partition_name
-    from pipeline.source.counts import list_topic_partitions
+    from pipeline.source.counts import SOURCE_ROWS, list_topic_partitions
     from pipeline.sql.join_clock import NEWEST_OBSERVED, clock_path
     from pipeline.sql.source import count_rows, read_topics
 
@@ -190,7 +185,7 @@ def build_temporal_frame(spark, settings: Settings, plan: Plan, name: str, servi
     # without the watermark column the operators see every row (a late one is decided, not dropped)
     rows = rows.drop(WATERMARK_COLUMN, "watermark_bound")
     rows = count_rows(rows, settings, plan.sides, service_url, partition_column="source_partition",
-                      partitions=partitions)
+                      partitions=partitions, name=f"{SOURCE_ROWS}_temporal" if in_set else None)
     return apply_temporal_join(rows, plan)
 
 
