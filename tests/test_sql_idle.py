@@ -81,9 +81,9 @@ def test_a_statement_sets_shared_read_of_the_same_table_is_not_the_clocks(tmp_pa
     """The join's tables read again by another INSERT's shared source: its positions would make a
     quiet partition look as if it moved. The table's own source carries its clock's facts."""
     clock = JoinClock(tmp_path, ["orders", "users"], [0, 0], idle_timeout_ms=5_000,
-                      partitions={"orders": ["-1"], "users": ["-1"]})
+                      partitions={"orders": ["-1"], "users": ["-1"]}, shared_read=frozenset({"users"}))
     own = {"users": {"gen": 0, "parts": {"-1": {"n": 2, NEWEST: None}}}}
-    assert clock.side_of(own) == 1
+    assert clock.side_of(own) == 1 and clock.side_of({"orders": {"gen": 0, "parts": {"-1": {"n": 0}}}}) == 0
     assert clock.side_of({"users": {"gen": 0, "parts": {"-1": {"n": 9}}}}) is None  # the shared read
     assert clock.side_of({"users": own["users"], "accounts": own["users"]}) is None  # a read of several tables
     clock.observe(progress(0, 1, {"-1": 2}, {}), now_ms=0)
@@ -215,9 +215,11 @@ def test_a_table_that_stops_sending_no_longer_holds_the_join_back(timeout, setti
 
     events = [(e["kind"], e["details"]["table"]) for e in read_rows(store.sql_dir(settings.data_dir, name), "events")
               if e["kind"] in ("table_idle", "table_active")]
-    # in this order at least (a loaded machine may pause the orders' feeder past the timeout: more events)
+    # users idle first; then users active again, and orders idle once they stopped, in either order (on a
+    # loaded machine the users' first new message may be read after the orders' timeout; a paused
+    # orders feeder may add events)
     assert events[0] == ("table_idle", "users") and ("table_active", "users") in events
-    assert events.index(("table_active", "users")) < len(events) - 1 - events[::-1].index(("table_idle", "orders"))
+    assert ("table_idle", "orders") in events[1:]
 
 
 def watermark(spark, name: str) -> int | None:

@@ -67,15 +67,17 @@ class JoinClock:
     """The driver's clock of a temporal join's tables (module docstring): ``tables``: each side's
     table name; ``delays``: each side's WATERMARK delay in ms; ``idle_timeout_ms``: 0 marks none
     idle; ``partitions``: each table's partitions when the query is built (as
-    ``counts.list_topic_partitions`` gives them; each holds its table back until it has a time)."""
+    ``counts.list_topic_partitions`` gives them; each holds its table back until it has a time);
+    ``shared_read``: the tables of a statement set's shared read, which may read the same topics."""
 
     def __init__(self, root: Path, tables: list[str], delays: list[int], idle_timeout_ms: int, record=None,
-                 partitions: dict[str, list[str]] | None = None):
+                 partitions: dict[str, list[str]] | None = None, shared_read: frozenset[str] = frozenset()):
         """``record``: (kind, message, **details) -> None, the pipeline's event recorder: a table
         going idle and sending again are ``table_idle`` and ``table_active`` events."""
         self.record, self.checkpoint = record, Path(root) / "checkpoint"
         self.paths = {side: clock_path(root, side) for side in range(len(tables))}
         self.tables, self.delays, self.timeout_ms = list(tables), dict(enumerate(delays)), idle_timeout_ms
+        self.shared_read = frozenset(shared_read)
         self.newest: dict[str, int] = restored_newest(self.checkpoint)  # per partition (clock name)
         self.partitions: dict[int, list[str]] = {side: [partition_name(table, p) for p in (partitions or {}).get(table, [])]
                                                  for side, table in enumerate(tables)}
@@ -113,13 +115,13 @@ class JoinClock:
         self.update(now_ms)
 
     def side_of(self, end: dict) -> int | None:
-        """The side whose own source ended at ``end``: one table's offsets carrying its clock's facts
-        (a statement set's shared read of the same table carries none)."""
-        if len(end) != 1:
+        """The side whose own source ended at ``end``: one table's offsets, and not the statement
+        set's shared read. When that read has this one table too, the side's own offsets are
+        those that carry its clock's facts (before it has any, both read the topic from the start)."""
+        if len(end) != 1 or next(iter(end)) not in self.tables:
             return None
         table, offsets = next(iter(end.items()))
-        parts = (offsets or {}).get("parts") or {}
-        if table not in self.tables or not any(NEWEST in part for part in parts.values()):
+        if self.shared_read == {table} and not any(NEWEST in part for part in ((offsets or {}).get("parts") or {}).values()):
             return None
         return self.tables.index(table)
 

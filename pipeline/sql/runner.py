@@ -372,9 +372,11 @@ def run_sql_pipeline(settings: Settings, plan: Plan | tuple[Plan, ...], name: st
             from pipeline.source.counts import list_topic_partitions
             from pipeline.sql.join_clock import JoinClock
 
+            shared = tuple(plan for plan in plans if plan.temporal is None)  # a statement set's shared read
             join_clock = JoinClock(root, [t.name for t in temporal.sides], [int(t.watermark[1]) for t in temporal.sides],
                                    idle_timeout_ms(temporal.settings), metrics.event, list_topic_partitions(
-                                       service_url, {t.name: t.topic for t in temporal.sides}, settings["pulsar.auth_token"]))
+                                       service_url, {t.name: t.topic for t in temporal.sides}, settings["pulsar.auth_token"]),
+                                   frozenset(t.name for t in source_tables(shared)) if shared else frozenset())
         listener = make_listener(f"sql-{name}", metrics, writer, on_batch, join_clock)
         spark.streams.addListener(listener)
         into = ", ".join(f"{p.kind} into {p.target.topic}" for p in plans)
