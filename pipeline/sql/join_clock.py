@@ -87,7 +87,6 @@ class JoinClock:
         self.backlog: dict[str, int | None] = {}
         self.history: list[dict] = []
         self.idle: set[int] = set()  # idle tables
-        self.idle_partitions: set[str] = set()
         self.beats: dict[int, int] = {}  # the heartbeat last written per idle table (never lowered)
         self.written: dict[int, tuple] = {}
         self.update(0)  # a (re)started pipeline starts with every partition active
@@ -144,7 +143,7 @@ class JoinClock:
             else:
                 self.record("table_active", f"table {table!r} sends again: it holds the temporal join's watermark "
                             "again", table=table)
-        self.idle, self.idle_partitions = idle, idle_partitions
+        self.idle = idle
         beats = heartbeats({side: self.position(side, idle_partitions) for side in self.paths}, self.delays, idle)
         self.beats = {side: max(ms, self.beats.get(side, ms)) for side, ms in beats.items()}
         for side, path in self.paths.items():
