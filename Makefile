@@ -54,8 +54,12 @@ $(CLASS_ARCHIVE): $(LOOKUP_JAR) $(STAMP) pipeline/runtime/class_archive.py
 
 # Spark needs a JRE; the UI smoke test needs Debian's chromium; the exporter's test scrapes with
 # Debian's prometheus (the tests start their own on loopback, so the service the package would
-# start on :9090 of every interface is disabled). Installed only when missing.
+# start on :9090 of every interface is disabled); the driver JVM runs on Debian's jemalloc where
+# it is installed (pipeline/runtime/freed_memory.py; without it, glibc with two arenas). Installed
+# only when missing.
 system-deps:
+	@[ -e /usr/lib/$$(uname -m)-linux-gnu/libjemalloc.so.2 ] || { echo "installing Debian's jemalloc for the driver JVM"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq libjemalloc2 >/dev/null; }
 	@command -v java >/dev/null || { echo "installing a JRE for Spark"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq openjdk-17-jre-headless >/dev/null; }
 	@[ -x /usr/bin/chromium ] || { echo "installing Debian's chromium for the browser test"; \

@@ -27,3 +27,23 @@ def test_the_spark_session_carries_them(spark):
     conf = spark.sparkContext.getConf()
     for key, value in UI_RETENTION_CONF.items():
         assert conf.get(key) == value, key
+
+
+def test_the_driver_jvm_runs_on_jemalloc_where_installed_and_its_python_workers_do_not(spark):
+    """Where Debian's libjemalloc2 is installed (``make setup``), the driver JVM maps it and the
+    Python workers it starts do not (they hand memory back with glibc's malloc_trim)."""
+    import os
+
+    import pytest
+
+    from pipeline.runtime.freed_memory import jvm_allocator
+
+    if jvm_allocator() is None:
+        pytest.skip("libjemalloc2 is not installed here (make setup installs it)")
+    pid = spark._jvm.java.lang.ProcessHandle.current().pid()
+    assert "libjemalloc" in open(f"/proc/{pid}/maps").read()
+
+    def worker_maps(_rows):
+        yield "libjemalloc" in open("/proc/self/maps").read() or bool(os.environ.get("LD_PRELOAD"))
+
+    assert spark.sparkContext.parallelize([0], 1).mapPartitions(worker_maps).collect() == [False]

@@ -19,6 +19,19 @@ ARROW_POOL_VARIABLE, ARROW_POOL = "ARROW_DEFAULT_MEMORY_POOL", "system"
 # cache was full and evicting (freed blocks kept by arenas no thread reuses); with two it stayed
 # under 150 MB over 50 minutes, its batches as fast (bench/README.md, 2026-11-27).
 MALLOC_ARENAS_VARIABLE, MALLOC_ARENAS = "MALLOC_ARENA_MAX", "2"
+# The allocator the driver JVM is started with, where Debian's libjemalloc2 is installed (``make
+# setup``): with glibc, even with two arenas, its memory outside the JVM's own tracking beyond
+# RocksDB's cache still grew about 4.7 MB a minute once that cache was full (256 MB at minute 60);
+# with jemalloc it stayed at 61 to 64 MB over the last 10 of 45 minutes (bench/README.md,
+# 2026-11-27). The Python workers keep glibc: their memory is handed back with malloc_trim.
+JEMALLOC = "libjemalloc.so.2"
+
+
+def jvm_allocator() -> str | None:
+    """The library to preload into the driver JVM (``LD_PRELOAD``), or None where there is none."""
+    import ctypes.util
+
+    return JEMALLOC if ctypes.util.find_library("jemalloc") == JEMALLOC else None
 
 
 def give_back_freed_memory() -> None:

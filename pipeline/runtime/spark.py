@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 
 from pipeline.config import Settings
-from pipeline.runtime.freed_memory import ARROW_POOL, ARROW_POOL_VARIABLE, MALLOC_ARENAS, MALLOC_ARENAS_VARIABLE
+from pipeline.runtime.freed_memory import (ARROW_POOL, ARROW_POOL_VARIABLE, MALLOC_ARENAS, MALLOC_ARENAS_VARIABLE,
+                                          jvm_allocator)
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 # The code Spark generates to turn the lookups' Java rows back into its own format is one method
@@ -129,7 +131,14 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
         builder = builder.config("spark.authenticate", "true")
         for key, value in SECURE_RPC_CONF.items():
             builder = builder.config(key, value)
+    # The driver JVM with jemalloc where it is installed (freed_memory.py); the Python workers it
+    # starts, and a cluster's executors, without (an empty LD_PRELOAD preloads nothing).
+    preload = None if "LD_PRELOAD" in os.environ else jvm_allocator()
+    if preload:
+        builder = builder.config("spark.executorEnv.LD_PRELOAD", "")
+    with _environment("LD_PRELOAD", preload):
         start_jvm(builder)
+    if settings["spark.auth_secret"]:
         # Set after the JVM started, so it goes to the JVM over py4j and never on the JVM's
         # command line (any local user reads those in /proc). A standalone driver needs it in its
         # conf; the executors get it from their worker's environment, never on a command line.
@@ -137,6 +146,19 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+@contextmanager
+def _environment(name: str, value: str | None):
+    """This process's environment with ``name`` set to ``value`` (None: as it is) for a moment."""
+    if value is None:
+        yield
+        return
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
 
 
 def start_jvm(builder) -> None:
