@@ -22,7 +22,9 @@ T = 1_700_000_000_000
     ({0: 10_000, 1: 4_000}, {1}, {1: 9_000}),  # the versioned table's watermark raised to the driving one's
     ({0: 3_000, 1: 30_000}, {0}, {0: 31_000}),  # the driving table's, to the versioned one's (+ its own delay)
     ({0: 10_000, 1: 9_500}, {1}, {}),  # already there: nothing to raise
-    ({0: 10_000, 1: 4_000}, {0, 1}, {}),  # every table idle: the watermark stays, as Flink's
+    ({0: 10_000, 1: 4_000}, {0, 1}, {1: 9_000}),  # every table idle: the greatest watermark, as Flink flushes it
+    ({0: 3_000, 1: 30_000}, {0, 1}, {0: 31_000}),
+    ({0: 10_000, 1: None}, {0, 1}, {1: 9_000}),  # both idle at once, one never sent: the other's watermark
     ({0: None, 1: 4_000}, {1}, {}),  # an active table with no time yet holds it at its start
     ({0: 10_000, 1: None}, {1}, {1: 9_000}),  # an idle table that never sent is raised too (Spark holds a node
     # without rows at 0)

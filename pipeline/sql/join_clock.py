@@ -21,8 +21,8 @@ partition. So the driver keeps each table's clock, as the job keeps its changelo
   A table whose every partition is idle no longer holds the join back: its watermark is raised
   to the least watermark of the tables still active (:func:`heartbeats`; its clock file then
   puts each partition idle at that time, so the clock row carries it there). When every table is
-  idle the watermark stays where it is, as in Flink: nothing new can have moved it. A partition
-  that sends again holds it again (its rows below the watermark meanwhile are late, as in
+  idle, each is raised to the greatest watermark of all, as Flink flushes it when its last input
+  goes idle. A partition that sends again holds it again (its rows below the watermark meanwhile are late, as in
   Flink). Idleness is processing time by nature: where it lets the watermark pass, results can
   depend on timing, in Flink as here.
 - the newest time per partition as of each committed batch is kept in the checkpoint
@@ -49,18 +49,22 @@ def clock_path(root: Path, side: int) -> Path:
 def heartbeats(position: dict[int, int | None], delays: dict[int, int], idle: set[int]) -> dict[int, int]:
     """Per idle table, the time its heartbeat carries it to (``position``: each table's clock, its
     watermark plus its delay, None before it has one): its watermark is then the least watermark
-    of the active tables. None for a table already there, and none at all when every table is
-    idle or an active one has no time yet. An idle table that never sent is raised too: Spark
-    holds the join at 0 for a watermark node that has seen no row.
+    of the active tables. When every table is idle, the greatest watermark of all, as Flink
+    flushes it when its last input goes idle (StatusWatermarkValve). None for a table already
+    there, and none at all while an active table has no time yet. An idle table that never sent
+    is raised too: Spark holds the join at 0 for a watermark node that has seen no row.
 
     # position {0: 10_000, 1: 4_000}, delays {0: 1_000, 1: 0}, idle {1} -> {1: 9_000}
     """
     active = [side for side in position if side not in idle]
-    if not active or any(position[side] is None for side in active):
+    if any(position[side] is None for side in active):
         return {}
-    least = min(position[side] - delays[side] for side in active)
-    return {side: least + delays[side] for side in idle
-            if position.get(side) is None or least + delays[side] > position[side]}
+    marks = [position[side] - delays[side] for side in (active or position) if position[side] is not None]
+    if not marks:
+        return {}
+    target = min(marks) if active else max(marks)
+    return {side: target + delays[side] for side in idle
+            if position.get(side) is None or target + delays[side] > position[side]}
 
 
 class JoinClock:
