@@ -162,3 +162,19 @@ class JoinClock:
                 self.written[side] = facts
         return self.beats
 
+
+
+def join_clock_for(root: Path, plans, settings, service_url: str, record) -> JoinClock | None:
+    """The clock of a pipeline's temporal join (its INSERTs' ``plans``; one at most has one), or
+    None: its tables' partitions listed now, and the tables of a statement set's shared read."""
+    from pipeline.source.counts import list_topic_partitions
+    from pipeline.sql.settings import idle_timeout_ms
+
+    temporal = next((plan for plan in plans if plan.temporal is not None), None)
+    if temporal is None:
+        return None
+    tables = temporal.sides
+    partitions = list_topic_partitions(service_url, {t.name: t.topic for t in tables}, settings["pulsar.auth_token"])
+    shared = frozenset(t.name for plan in plans if plan.temporal is None for t in plan.sides)
+    return JoinClock(root, [t.name for t in tables], [int(t.watermark[1]) for t in tables],
+                     idle_timeout_ms(temporal.settings), record, partitions, shared)

@@ -39,7 +39,7 @@ from pipeline.sql.envelope import field_name, used_columns
 from pipeline.sql.foreign_key import apply_foreign_key_join, foreign_key_fingerprint
 from pipeline.sql.plan import Plan, present_field
 from pipeline.sql.progress import make_listener
-from pipeline.sql.settings import idle_timeout_ms, state_ttl_ms
+from pipeline.sql.settings import state_ttl_ms
 from pipeline.sql.source import read_parsed, read_source
 from pipeline.sql.statement_set import build_set_frame, result_sink, write_set_batch
 from pipeline.sql.sink import (SqlSinkWriter, build_dead_letters, build_result, build_senders, output_field,
@@ -366,17 +366,9 @@ def run_sql_pipeline(settings: Settings, plan: Plan | tuple[Plan, ...], name: st
             if max_batches and done[0] >= max_batches:
                 stop.set()
 
-        join_clock = None
-        temporal = next((plan for plan in plans if plan.temporal is not None), None)
-        if temporal is not None:
-            from pipeline.source.counts import list_topic_partitions
-            from pipeline.sql.join_clock import JoinClock
+        from pipeline.sql.join_clock import join_clock_for
 
-            shared = tuple(plan for plan in plans if plan.temporal is None)  # a statement set's shared read
-            join_clock = JoinClock(root, [t.name for t in temporal.sides], [int(t.watermark[1]) for t in temporal.sides],
-                                   idle_timeout_ms(temporal.settings), metrics.event, list_topic_partitions(
-                                       service_url, {t.name: t.topic for t in temporal.sides}, settings["pulsar.auth_token"]),
-                                   frozenset(t.name for t in source_tables(shared)) if shared else frozenset())
+        join_clock = join_clock_for(root, plans, settings, service_url, metrics.event)
         listener = make_listener(f"sql-{name}", metrics, writer, on_batch, join_clock)
         spark.streams.addListener(listener)
         into = ", ".join(f"{p.kind} into {p.target.topic}" for p in plans)
