@@ -43,45 +43,66 @@ def sink_rows(settings, name: str, sink: str) -> list[dict]:
         return [dict(zip(rel.columns, values)) for values in rel.fetchall()]
 
 
-def read_topic(service_url: str, topic: str, timeout_ms: int = 1500) -> list[tuple[str, str]]:
-    """Every (key, payload text) on a topic, oldest first, each message once (pulsar-lite's reader
-    may deliver an entry again: pipeline/source/reader.py); stops when none arrives for ``timeout_ms``."""
-    client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-    try:
-        reader = client.create_reader(topic, pulsar.MessageId.earliest)
-        found, seen = [], set()
+class TopicTail:
+    """A topic read as it grows, for a test that waits on it: one client and one reader kept open
+    (pulsar-lite's caught-up reader needs a client of its own: pipeline/source/reader.py), so a
+    poll reads only what is new. Each message once: pulsar-lite's reader may deliver an entry again."""
+
+    def __init__(self, service_url: str, topic: str):
+        self.client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+        self.reader = self.client.create_reader(topic, pulsar.MessageId.earliest)
+        self.found: list[tuple[str, str]] = []
+        self.seen: set[str] = set()
+
+    def read(self, timeout_ms: int = 300) -> list[tuple[str, str]]:
+        """Every (key, payload text) so far, oldest first: read until none arrives for ``timeout_ms``."""
         while True:
             try:
-                msg = reader.read_next(timeout_millis=timeout_ms)
+                msg = self.reader.read_next(timeout_millis=timeout_ms)
             except pulsar.Timeout:
-                return found
-            if id_text(msg.message_id()) not in seen:
-                seen.add(id_text(msg.message_id()))
-                found.append((msg.partition_key(), msg.data().decode()))
-    finally:
-        client.close()
+                return list(self.found)
+            if id_text(msg.message_id()) not in self.seen:
+                self.seen.add(id_text(msg.message_id()))
+                self.found.append((msg.partition_key(), msg.data().decode()))
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> "TopicTail":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
-def expect_changelog(running: "Running", settings, name: str, url: str, topic: str, steps, send) -> list[tuple[str, str]]:
+def read_topic(service_url: str, topic: str, timeout_ms: int = 1500) -> list[tuple[str, str]]:
+    """Every (key, payload text) on a topic, oldest first, each message once; stops when none
+    arrives for ``timeout_ms``."""
+    with TopicTail(service_url, topic) as tail:
+        return tail.read(timeout_ms)
+
+
+def expect_changelog(running: "Running", name: str, url: str, topic: str, steps, send) -> list[tuple[str, str]]:
     """Each of ``steps``, (messages or None when already sent, the changes they make): its messages
     sent with ``send``, then the upsert ``topic`` waited on until it has the step's changes, which
     must be exactly those (in any order within the step). Returns the whole changelog expected."""
     from waiting import wait_for
 
     expected: list[tuple[str, str]] = []
-    for step, (messages, changes) in enumerate(steps):
-        if messages is not None:
-            send(messages)
-        done = len(expected)
-        expected += sorted(changes)
+    with TopicTail(url, topic) as tail:
+        for step, (messages, changes) in enumerate(steps):
+            if messages is not None:
+                send(messages)
+            done = len(expected)
+            expected += sorted(changes)
 
-        def arrived():
-            running.result(settings, name)  # raises the pipeline's own error, if it stopped
-            on_topic = read_topic(url, topic, timeout_ms=300)
-            return len(on_topic) >= len(expected) and on_topic
+            def arrived():
+                running.check()
+                on_topic = tail.read()
+                return len(on_topic) >= len(expected) and on_topic
 
-        on_topic = wait_for(arrived, 240 if step == 0 else 120, what=f"{name} step {step}")
-        assert len(on_topic) == len(expected) and sorted(on_topic[done:]) == expected[done:], f"step {step}"
+            on_topic = wait_for(arrived, 240 if step == 0 else 120, what=f"{name} step {step}")
+            assert len(on_topic) == len(expected) and sorted(on_topic[done:]) == expected[done:], f"step {step}"
     return expected
 
 
@@ -110,10 +131,14 @@ class Running:
         self.thread.start()
         return self
 
-    def result(self, settings, name: str, sink: str = "result") -> list[dict]:
-        """The current result; the pipeline's own error, at once, if it stopped."""
+    def check(self) -> None:
+        """The pipeline's own error, at once, if it stopped: a wait must not outlast it."""
         if self.error:
             raise self.error[0]
+
+    def result(self, settings, name: str, sink: str = "result") -> list[dict]:
+        """The current result; the pipeline's own error, at once, if it stopped."""
+        self.check()
         return result(settings, name, sink)
 
     def __exit__(self, *exc):

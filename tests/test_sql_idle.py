@@ -12,7 +12,7 @@ from factories import publish, publish_timed
 from pipeline.source.clock import NEWEST, read_clock_file
 from pipeline.sql.join_clock import JoinClock, clock_path, heartbeats
 from pipeline.sql.plan import build_plan
-from sqlhelp import Running, fresh_topics, message, read_topic
+from sqlhelp import Running, TopicTail, fresh_topics, message
 from waiting import wait_for
 
 T = 1_700_000_000_000
@@ -193,10 +193,10 @@ def test_a_table_that_stops_sending_no_longer_holds_the_join_back(timeout, setti
     user(0, T + 1_000, "u1", "ada")
     order(0, T + 2_000, "o1")
     order(0, T + 10_000, "o2")  # the orders' watermark: T+9 s; users': T+1 s
-    with Running(settings, build_plan(sql, topics), name, spark) as running:
+    with Running(settings, build_plan(sql, topics), name, spark) as running, TopicTail(url, topics["out"]) as out:
         def decided() -> dict[str, str]:
-            running.result(settings, name)  # raises the pipeline's own error, if it stopped
-            return {key: json.loads(value)["name"] for key, value in read_topic(url, topics["out"], timeout_ms=300)}
+            running.check()
+            return {key: json.loads(value)["name"] for key, value in out.read()}
 
         with Feeder(order, T + 11_000) as orders:  # orders go on; users have stopped
             if not timeout:  # users hold the watermark at T+1 s however far the orders get
@@ -244,10 +244,10 @@ def test_a_table_that_never_sent_no_longer_holds_the_join_back_once_idle(setting
     url = broker.service_url
     publish(url, topics["orders"], [message(key, {"id": key, "user_id": "u1", "ts": at(ms)})
                                     for key, ms in (("o1", T + 2_000), ("o2", T + 10_000))])
-    with Running(settings, build_plan(SQL, topics), "never", spark) as running:
+    with Running(settings, build_plan(SQL, topics), "never", spark) as running, TopicTail(url, topics["out"]) as out:
         def decided() -> dict[str, str | None]:
-            running.result(settings, "never")  # raises the pipeline's own error, if it stopped
-            return {key: json.loads(value)["name"] for key, value in read_topic(url, topics["out"], timeout_ms=300)}
+            running.check()
+            return {key: json.loads(value)["name"] for key, value in out.read()}
 
         assert wait_for(lambda: decided() or None, 120, what="o1 decided with users idle") == {"o1": None}
         assert watermark(spark, "never") == T + 9_000  # the orders' own: o2 waits for a later order

@@ -17,7 +17,7 @@ import pytest
 
 from factories import publish
 from pipeline.sql.plan import build_plan
-from sqlhelp import Running, fresh_topics, latest_per_key, message, read_topic
+from sqlhelp import Running, TopicTail, fresh_topics, latest_per_key, message
 from waiting import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -331,7 +331,7 @@ def check_changelog(case: Case, settings_factory, broker, spark, **overrides) ->
     expected: list[tuple[str, str]] = []
     cuts = [0]  # where each step's entries start: a step's messages on other keys may come in several
     # batches, so its entries are compared in any order, each step's after the steps before
-    with Running(settings, build_plan(case.sql(), topics), case.name, spark) as running:
+    with Running(settings, build_plan(case.sql(), topics), case.name, spark) as running, TopicTail(url, topics["out"]) as tail:
         for step, (messages, changes) in enumerate([(None, first_changes), *later]):
             if messages is not None:
                 send(messages)
@@ -341,8 +341,8 @@ def check_changelog(case: Case, settings_factory, broker, spark, **overrides) ->
             cuts.append(len(expected))
 
             def arrived():
-                running.result(settings, case.name)  # raises the pipeline's own error, if it stopped
-                on_topic = read_topic(url, topics["out"], timeout_ms=300)
+                running.check()
+                on_topic = tail.read()
                 return len(on_topic) >= len(expected) and on_topic
 
             on_topic = wait_for(arrived, 180 if step == 0 else 90, what=f"{case.name} step {step}")

@@ -267,17 +267,17 @@ def test_a_pipeline_with_a_state_ttl_counts_an_idle_group_anew_and_sends_nothing
                                                                                            spark):
     from factories import publish
     from pipeline.sql.plan import build_plan
-    from sqlhelp import Running, fresh_topics, latest_per_key, message, read_topic, sink_rows
+    from sqlhelp import Running, TopicTail, fresh_topics, latest_per_key, message, sink_rows
 
     settings = settings_factory(job__restart__delay="3s")
     topics = fresh_topics("users", "counts")
     url = broker.service_url
     publish(url, topics["users"], [message("u1", {"uid": "u1", "accountId": "A"}),
                                    message("u2", {"uid": "u2", "accountId": "A"})])
-    with Running(settings, build_plan(TTL_SCRIPT, topics), "ttl", spark) as running:
+    with Running(settings, build_plan(TTL_SCRIPT, topics), "ttl", spark) as running, TopicTail(url, topics["counts"]) as tail:
         def arrived(count: int):
-            running.result(settings, "ttl")  # raises the pipeline's own error, if it stopped
-            on_topic = read_topic(url, topics["counts"], timeout_ms=300)
+            running.check()
+            on_topic = tail.read()
             return len(on_topic) >= count and on_topic
 
         assert wait_for(lambda: arrived(1), 180, what="the first count") == [("A", '{"accountId":"A","n":2}')]
@@ -310,17 +310,17 @@ def test_a_foreign_key_join_with_a_state_ttl_forgets_an_idle_referenced_row_and_
         settings_factory, broker, spark):
     from factories import publish
     from pipeline.sql.plan import build_plan
-    from sqlhelp import Running, fresh_topics, message, read_topic
+    from sqlhelp import Running, TopicTail, fresh_topics, message
 
     settings = settings_factory(job__restart__delay="3s")
     topics = fresh_topics("users", "accounts", "named")
     url = broker.service_url
     publish(url, topics["users"], [message("u1", {"uid": "u1", "accountId": "A"})])
     publish(url, topics["accounts"], [message("A", {"id": "A", "name": "Acme"})])
-    with Running(settings, build_plan(FK_TTL_SCRIPT, topics), "fk-ttl", spark) as running:
+    with Running(settings, build_plan(FK_TTL_SCRIPT, topics), "fk-ttl", spark) as running, TopicTail(url, topics["named"]) as tail:
         def arrived(count: int):
-            running.result(settings, "fk-ttl")  # raises the pipeline's own error, if it stopped
-            on_topic = read_topic(url, topics["named"], timeout_ms=300)
+            running.check()
+            on_topic = tail.read()
             return len(on_topic) >= count and on_topic
 
         first = wait_for(lambda: arrived(1), 180, what="the first joined row")

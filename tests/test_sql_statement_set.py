@@ -12,7 +12,7 @@ import pytest
 from app.sql_queries import dead_letters, list_pipelines, pipeline_totals, result_changes
 from factories import publish
 from pipeline.sql.script import build_pipeline
-from sqlhelp import SQL_DIR, Running, fresh_topics, latest_per_key, message, read_topic, result
+from sqlhelp import SQL_DIR, Running, TopicTail, fresh_topics, latest_per_key, message, read_topic, result
 from test_sql_pipeline import PipelineProcess
 from waiting import wait_for
 
@@ -39,12 +39,12 @@ def test_a_statement_set_reads_each_message_once_and_writes_each_inserts_changel
     # a bad message of the table both INSERTs read: one dead letter, not one per INSERT
     publish(url, topics["users"], [user("u1", "A", "al"), user("u2", "A"), user("u3", "B", "cy"),
                                    user("u9", "B", "bad", id_="nine")])
-    with Running(settings, plans, "set", spark) as running:
+    with (Running(settings, plans, "set", spark) as running, TopicTail(url, topics["user_count_by_account"]) as counts_tail,
+          TopicTail(url, topics["user_names"]) as named_tail):
         def both(counts, named):
             def arrived():
-                running.result(settings, "set")
-                on_counts = read_topic(url, topics["user_count_by_account"], timeout_ms=300)
-                on_named = read_topic(url, topics["user_names"], timeout_ms=300)
+                running.check()
+                on_counts, on_named = counts_tail.read(), named_tail.read()
                 return len(on_counts) >= counts and len(on_named) >= named and (on_counts, on_named)
             return arrived
 

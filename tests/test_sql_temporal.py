@@ -18,7 +18,7 @@ import pytest
 from factories import publish, publish_timed
 from pipeline.sql.plan import build_plan
 from pipeline.sql.sqltypes import UnsupportedSql
-from sqlhelp import Running, expect_changelog, fresh_topics, latest_per_key, message, read_topic
+from sqlhelp import Running, TopicTail, expect_changelog, fresh_topics, latest_per_key, message
 from waiting import wait_for
 
 T = 1_700_000_000_000  # the cases' epoch, in ms
@@ -129,7 +129,7 @@ def test_changelog_of_each_temporal_join(case, settings_factory, broker, spark):
     (first, first_changes), *later = case.steps
     send(first)  # before the start: one micro-batch
     with Running(settings, build_plan(case.sql(), topics), case.name, spark) as running:
-        expected = expect_changelog(running, settings, case.name, url, topics["out"], [(None, first_changes), *later], send)
+        expected = expect_changelog(running, case.name, url, topics["out"], [(None, first_changes), *later], send)
         current = running.result(settings, case.name)
         query = next(q for q in spark.streams.active if q.name == f"sql-{case.name}")
         # each table's source parses in its read tasks: no Python stage after the read
@@ -165,7 +165,7 @@ def test_group_by_over_a_temporal_join_counts_each_order_in_the_group_of_its_ver
 
     send(FIRST)
     sql = "\n".join([ORDERS, USERS, BY_NAME, GROUPED + ";"])
-    with Running(settings, build_plan(sql, topics), "grouped", spark) as running:
+    with Running(settings, build_plan(sql, topics), "grouped", spark) as running, TopicTail(url, topics["by_name"]) as tail:
         for step, expected in enumerate([
                 {"ada": group(1, 1.0), "ADA": group(1, 1.0), "bob": group(1, 1.0)},  # o3, o5, o6: no version
                 # o1 deleted (ada emptied), o9 (late, ADA still held) and o8 join ADA; o7's version is pruned
@@ -174,8 +174,8 @@ def test_group_by_over_a_temporal_join_counts_each_order_in_the_group_of_its_ver
                 send(LATER)
 
             def arrived():
-                running.result(settings, "grouped")  # raises the pipeline's own error, if it stopped
-                table = latest_per_key(read_topic(url, topics["by_name"], timeout_ms=300))
+                running.check()
+                table = latest_per_key(tail.read())
                 return {k: {c: v[c] for c in ("orders", "total")} for k, v in table.items()} == expected
 
             wait_for(arrived, 240 if step == 0 else 120, what=f"the groups after step {step}")

@@ -18,7 +18,7 @@ import pytest
 from factories import publish, publish_timed
 from pipeline.sql.plan import build_plan
 from pipeline.sql.sqltypes import UnsupportedSql
-from sqlhelp import Running, expect_changelog, fresh_topics, latest_per_key, message, read_topic
+from sqlhelp import Running, TopicTail, expect_changelog, fresh_topics, latest_per_key, message
 from waiting import wait_for
 from test_sql_temporal import ORDERS as TEMPORAL_ORDERS
 from test_sql_temporal import T, USERS, WITH, at, user
@@ -88,7 +88,7 @@ def test_an_order_joins_its_user_and_its_item_each_as_of_its_time(batching, sett
     send(first)
     plan = build_plan("\n".join([ORDERS, USERS, ITEMS, OUT, CHAIN + ";"]), topics)
     with Running(settings, plan, "chain", spark) as running:
-        expected = expect_changelog(running, settings, "chain", url, topics["out"], [(None, first_changes), *later], send)
+        expected = expect_changelog(running, "chain", url, topics["out"], [(None, first_changes), *later], send)
         current = running.result(settings, "chain")
     table = latest_per_key(expected)
     assert sorted(current, key=lambda r: r["id"]) == [table[k] for k in sorted(table)]
@@ -169,11 +169,11 @@ def test_a_statement_set_runs_the_chain_beside_a_count_of_the_same_orders(settin
                                     if table == "orders" and ms is None])
     plans = build_pipeline(STATEMENT_SET, topics)
     assert [plan.temporal is not None for plan in plans] == [True, False]
-    with Running(settings, plans, "chain-set", spark) as running:
+    with (Running(settings, plans, "chain-set", spark) as running, TopicTail(url, topics["out"]) as out_tail,
+          TopicTail(url, topics["orders_per_user"]) as counts_tail):
         def arrived():
-            running.result(settings, "chain-set", "result_out")  # raises the pipeline's own error, if it stopped
-            out = latest_per_key(read_topic(url, topics["out"], timeout_ms=300))
-            counts = latest_per_key(read_topic(url, topics["orders_per_user"], timeout_ms=300))
+            running.check()
+            out, counts = latest_per_key(out_tail.read()), latest_per_key(counts_tail.read())
             return len(out) >= 4 and counts.get("u1", {}).get("orders") == 4 and (out, counts)
 
         out, counts = wait_for(arrived, 240, what="the chain's first rows and the counts")

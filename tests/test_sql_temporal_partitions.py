@@ -16,7 +16,7 @@ import pytest
 
 from factories import broker_with_partitions, publish, send_routed
 from pipeline.sql.plan import build_plan
-from sqlhelp import Running, message, read_topic
+from sqlhelp import Running, TopicTail, message
 from test_sql_idle import watermark
 from test_sql_temporal import ORDERS, OUT, SELECT, T, USERS, at
 from waiting import wait_for
@@ -53,10 +53,10 @@ def a_partition_behind_holds_the_order_back(url: str, topics: dict[str, str], se
     publish(url, topics["orders"], [message(key, {"id": key, "user_id": user_id, "amount": 1.0, "ts": at(ms)})
                                     for key, user_id, ms in (("o1", behind, T + 50_000), ("o2", ahead, T + 80_000))])
     plan = build_plan("\n".join([ORDERS, USERS, OUT, SELECT.format(join="LEFT JOIN") + ";"]), topics)
-    with Running(settings, plan, "partitions", spark) as running:
+    with Running(settings, plan, "partitions", spark) as running, TopicTail(url, topics["out"]) as out:
         def decided() -> dict[str, str]:
-            running.result(settings, "partitions")  # raises the pipeline's own error, if it stopped
-            return {key: json.loads(value)["name"] for key, value in read_topic(url, topics["out"], timeout_ms=300)}
+            running.check()
+            return {key: json.loads(value)["name"] for key, value in out.read()}
 
         # every message read, and the join's watermark where the partition behind holds it: T+1 s
         wait_for(lambda: watermark(spark, "partitions") == T + 1_000, 120, what="the watermark at partition 1's T+1 s")
