@@ -99,7 +99,9 @@ def test_a_partitioned_tables_clock_is_the_least_of_its_partitions_and_an_idle_p
 
     (tmp_path / "checkpoint" / "commits").mkdir(parents=True)
     parts = {"orders": ["-1"], "users": ["0", "1", "2"]}
-    clock = JoinClock(tmp_path, ["orders", "users"], [0, 0], idle_timeout_ms=5_000, partitions=parts)
+    events = []
+    clock = JoinClock(tmp_path, ["orders", "users"], [0, 0], idle_timeout_ms=5_000, partitions=parts,
+                      record=lambda kind, message, **details: events.append((kind, details)))
     users = clock_path(tmp_path, 1)
 
     def facts():  # as the users source carries them in its next offset
@@ -118,6 +120,9 @@ def test_a_partitioned_tables_clock_is_the_least_of_its_partitions_and_an_idle_p
                                                            "users/2": T + 9_000}), now_ms=5_500)
     assert read_clock_file(users).idle == {"users/1"}  # quiet for 5.5 s: it no longer holds the table back
     assert clock_ms(facts()) == T + 7_000 and not clock.idle  # the table itself is active
+    assert events == [("partition_idle", {"table": "users", "partition": 1})]
+    clock.observe(progress(3, 4, {"0": 3, "1": 2, "2": 2}, {"users/1": T + 7_500}), now_ms=6_000)
+    assert events[1:] == [("partition_active", {"table": "users", "partition": 1})] and not read_clock_file(users).idle
     # a restarted pipeline's clock starts from the newest times of the last committed batch (1):
     # users/1 quiet since then does not hold the table back at nothing
     restarted = JoinClock(tmp_path, ["orders", "users"], [0, 0], idle_timeout_ms=0, partitions=parts)

@@ -77,7 +77,8 @@ class JoinClock:
     def __init__(self, root: Path, tables: list[str], delays: list[int], idle_timeout_ms: int, record=None,
                  partitions: dict[str, list[str]] | None = None, shared_read: frozenset[str] = frozenset()):
         """``record``: (kind, message, **details) -> None, the pipeline's event recorder: a table
-        going idle and sending again are ``table_idle`` and ``table_active`` events."""
+        going idle and sending again are ``table_idle`` and ``table_active`` events, and a partition
+        of a partitioned table ``partition_idle`` and ``partition_active``."""
         self.record, self.checkpoint = record, Path(root) / "checkpoint"
         self.paths = {side: clock_path(root, side) for side in range(len(tables))}
         self.tables, self.delays, self.timeout_ms = list(tables), dict(enumerate(delays)), idle_timeout_ms
@@ -91,6 +92,7 @@ class JoinClock:
         self.backlog: dict[str, int | None] = {}
         self.history: list[dict] = []
         self.idle: set[int] = set()  # idle tables
+        self.idle_partitions: set[str] = set()  # the idle partitions of partitioned tables (clock names)
         self.beats: dict[int, int] = {}  # the heartbeat last written per idle table (never lowered)
         self.written: dict[int, tuple] = {}
         self.update(0)  # a (re)started pipeline starts with every partition active
@@ -134,11 +136,30 @@ class JoinClock:
         names = self.partitions[side]
         return clock_ms({name: (self.newest.get(name), name in idle_partitions) for name in names}) if names else None
 
+    def _record_partitions(self, idle_partitions: set[str]) -> None:
+        """A partition of a partitioned table going idle or sending again is a ``partition_idle`` /
+        ``partition_active`` event naming the table and the partition, as the job's ``topic_idle``
+        (a table of one partition has only its table's event)."""
+        partitioned = {name: table for side, table in enumerate(self.tables)
+                       if len(self.partitions[side]) > 1 for name in self.partitions[side]}
+        now_idle = {name for name in idle_partitions if name in partitioned}
+        for name in sorted(now_idle ^ self.idle_partitions) if self.record is not None else ():
+            table, partition = partitioned[name], int(name.rpartition("/")[2])
+            if name in now_idle:
+                self.record("partition_idle", f"table {table!r} partition {partition} has sent nothing for "
+                            f"{self.timeout_ms / 1000:g}s: it no longer holds its table's watermark back",
+                            table=table, partition=partition)
+            else:
+                self.record("partition_active", f"table {table!r} partition {partition} sends again: it holds "
+                            "its table's watermark again", table=table, partition=partition)
+        self.idle_partitions = now_idle
+
     def update(self, now_ms: int) -> dict[int, int]:
         """Write each table's clock file as it stands at ``now_ms`` (only those that changed);
         returns the heartbeats of the idle tables."""
         idle_partitions = idle_topics(self.last_moved_ms, self.backlog, now_ms, self.timeout_ms)
         idle = {side for side, names in self.partitions.items() if names and set(names) <= idle_partitions}
+        self._record_partitions(idle_partitions)
         for side in sorted(idle ^ self.idle) if self.record is not None else ():
             table = self.tables[side]
             if side in idle:
