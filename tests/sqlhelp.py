@@ -13,7 +13,8 @@ import pulsar
 from app.sql_queries import current_result
 from pipeline import store
 from pipeline.sinks import table_files
-from pipeline.source.connection import id_text
+from pipeline.source.connection import close_quietly, id_text, open_on_own_connection
+from pipeline.source.offsets import EARLIEST
 from pipeline.sql.runner import run_sql_pipeline
 
 SQL_DIR = Path(__file__).resolve().parent.parent / "data" / "sql"
@@ -44,42 +45,38 @@ def sink_rows(settings, name: str, sink: str) -> list[dict]:
 
 
 class TopicTail:
-    """A topic read as it grows, for a test that waits on it: one client and one reader kept open
-    (pulsar-lite's caught-up reader needs a client of its own: pipeline/source/reader.py), so a
-    poll reads only what is new. Each message once: pulsar-lite's reader may deliver an entry again."""
+    """A topic read as it grows, for a test that waits on it: each poll reads only what came
+    after the last message it gave, each message once (pulsar-lite's reader may deliver an entry
+    again). Each poll's reader is a new one on a connection of its own: pulsar-lite 0.2.0 stops
+    feeding a reader kept open while it is caught up (pipeline/source/reader.py)."""
 
     def __init__(self, service_url: str, topic: str):
-        self.client = pulsar.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
-        self.reader = self.client.create_reader(topic, pulsar.MessageId.earliest)
+        self.service_url, self.topic = service_url, topic
         self.found: list[tuple[str, str]] = []
         self.seen: set[str] = set()
+        self.after = EARLIEST
 
     def read(self, timeout_ms: int = 300) -> list[tuple[str, str]]:
         """Every (key, payload text) so far, oldest first: read until none arrives for ``timeout_ms``."""
-        while True:
-            try:
-                msg = self.reader.read_next(timeout_millis=timeout_ms)
-            except pulsar.Timeout:
-                return list(self.found)
-            if id_text(msg.message_id()) not in self.seen:
-                self.seen.add(id_text(msg.message_id()))
-                self.found.append((msg.partition_key(), msg.data().decode()))
-
-    def close(self) -> None:
-        self.client.close()
-
-    def __enter__(self) -> "TopicTail":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        client, reader = open_on_own_connection(self.service_url, self.topic, self.after)
+        try:
+            while True:
+                try:
+                    msg = reader.read_next(timeout_millis=timeout_ms)
+                except pulsar.Timeout:
+                    return list(self.found)
+                if id_text(msg.message_id()) not in self.seen:
+                    self.seen.add(id_text(msg.message_id()))
+                    self.after = id_text(msg.message_id())
+                    self.found.append((msg.partition_key(), msg.data().decode()))
+        finally:
+            close_quietly(reader, client)
 
 
 def read_topic(service_url: str, topic: str, timeout_ms: int = 1500) -> list[tuple[str, str]]:
     """Every (key, payload text) on a topic, oldest first, each message once; stops when none
     arrives for ``timeout_ms``."""
-    with TopicTail(service_url, topic) as tail:
-        return tail.read(timeout_ms)
+    return TopicTail(service_url, topic).read(timeout_ms)
 
 
 def expect_changelog(running: "Running", name: str, url: str, topic: str, steps, send) -> list[tuple[str, str]]:
@@ -89,20 +86,20 @@ def expect_changelog(running: "Running", name: str, url: str, topic: str, steps,
     from waiting import wait_for
 
     expected: list[tuple[str, str]] = []
-    with TopicTail(url, topic) as tail:
-        for step, (messages, changes) in enumerate(steps):
-            if messages is not None:
-                send(messages)
-            done = len(expected)
-            expected += sorted(changes)
+    tail = TopicTail(url, topic)
+    for step, (messages, changes) in enumerate(steps):
+        if messages is not None:
+            send(messages)
+        done = len(expected)
+        expected += sorted(changes)
 
-            def arrived():
-                running.check()
-                on_topic = tail.read()
-                return len(on_topic) >= len(expected) and on_topic
+        def arrived():
+            running.check()
+            on_topic = tail.read()
+            return len(on_topic) >= len(expected) and on_topic
 
-            on_topic = wait_for(arrived, 240 if step == 0 else 120, what=f"{name} step {step}")
-            assert len(on_topic) == len(expected) and sorted(on_topic[done:]) == expected[done:], f"step {step}"
+        on_topic = wait_for(arrived, 240 if step == 0 else 120, what=f"{name} step {step}")
+        assert len(on_topic) == len(expected) and sorted(on_topic[done:]) == expected[done:], f"step {step}"
     return expected
 
 

@@ -198,7 +198,8 @@ def test_a_table_that_stops_sending_no_longer_holds_the_join_back(timeout, setti
     user(0, T + 1_000, "u1", "ada")
     order(0, T + 2_000, "o1")
     order(0, T + 10_000, "o2")  # the orders' watermark: T+9 s; users': T+1 s
-    with Running(settings, build_plan(sql, topics), name, spark) as running, TopicTail(url, topics["out"]) as out:
+    out = TopicTail(url, topics["out"])
+    with Running(settings, build_plan(sql, topics), name, spark) as running:
         def decided() -> dict[str, str]:
             running.check()
             return {key: json.loads(value)["name"] for key, value in out.read()}
@@ -249,7 +250,8 @@ def test_a_table_that_never_sent_no_longer_holds_the_join_back_once_idle(setting
     url = broker.service_url
     publish(url, topics["orders"], [message(key, {"id": key, "user_id": "u1", "ts": at(ms)})
                                     for key, ms in (("o1", T + 2_000), ("o2", T + 10_000))])
-    with Running(settings, build_plan(SQL, topics), "never", spark) as running, TopicTail(url, topics["out"]) as out:
+    out = TopicTail(url, topics["out"])
+    with Running(settings, build_plan(SQL, topics), "never", spark) as running:
         def decided() -> dict[str, str | None]:
             running.check()
             return {key: json.loads(value)["name"] for key, value in out.read()}

@@ -331,7 +331,8 @@ def check_changelog(case: Case, settings_factory, broker, spark, **overrides) ->
     expected: list[tuple[str, str]] = []
     cuts = [0]  # where each step's entries start: a step's messages on other keys may come in several
     # batches, so its entries are compared in any order, each step's after the steps before
-    with Running(settings, build_plan(case.sql(), topics), case.name, spark) as running, TopicTail(url, topics["out"]) as tail:
+    tail = TopicTail(url, topics["out"])
+    with Running(settings, build_plan(case.sql(), topics), case.name, spark) as running:
         for step, (messages, changes) in enumerate([(None, first_changes), *later]):
             if messages is not None:
                 send(messages)

@@ -274,7 +274,8 @@ def test_a_pipeline_with_a_state_ttl_counts_an_idle_group_anew_and_sends_nothing
     url = broker.service_url
     publish(url, topics["users"], [message("u1", {"uid": "u1", "accountId": "A"}),
                                    message("u2", {"uid": "u2", "accountId": "A"})])
-    with Running(settings, build_plan(TTL_SCRIPT, topics), "ttl", spark) as running, TopicTail(url, topics["counts"]) as tail:
+    tail = TopicTail(url, topics["counts"])
+    with Running(settings, build_plan(TTL_SCRIPT, topics), "ttl", spark) as running:
         def arrived(count: int):
             running.check()
             on_topic = tail.read()
@@ -317,7 +318,8 @@ def test_a_foreign_key_join_with_a_state_ttl_forgets_an_idle_referenced_row_and_
     url = broker.service_url
     publish(url, topics["users"], [message("u1", {"uid": "u1", "accountId": "A"})])
     publish(url, topics["accounts"], [message("A", {"id": "A", "name": "Acme"})])
-    with Running(settings, build_plan(FK_TTL_SCRIPT, topics), "fk-ttl", spark) as running, TopicTail(url, topics["named"]) as tail:
+    tail = TopicTail(url, topics["named"])
+    with Running(settings, build_plan(FK_TTL_SCRIPT, topics), "fk-ttl", spark) as running:
         def arrived(count: int):
             running.check()
             on_topic = tail.read()

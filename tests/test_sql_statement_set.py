@@ -39,8 +39,8 @@ def test_a_statement_set_reads_each_message_once_and_writes_each_inserts_changel
     # a bad message of the table both INSERTs read: one dead letter, not one per INSERT
     publish(url, topics["users"], [user("u1", "A", "al"), user("u2", "A"), user("u3", "B", "cy"),
                                    user("u9", "B", "bad", id_="nine")])
-    with (Running(settings, plans, "set", spark) as running, TopicTail(url, topics["user_count_by_account"]) as counts_tail,
-          TopicTail(url, topics["user_names"]) as named_tail):
+    counts_tail, named_tail = TopicTail(url, topics["user_count_by_account"]), TopicTail(url, topics["user_names"])
+    with Running(settings, plans, "set", spark) as running:
         def both(counts, named):
             def arrived():
                 running.check()

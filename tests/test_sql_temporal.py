@@ -165,7 +165,8 @@ def test_group_by_over_a_temporal_join_counts_each_order_in_the_group_of_its_ver
 
     send(FIRST)
     sql = "\n".join([ORDERS, USERS, BY_NAME, GROUPED + ";"])
-    with Running(settings, build_plan(sql, topics), "grouped", spark) as running, TopicTail(url, topics["by_name"]) as tail:
+    tail = TopicTail(url, topics["by_name"])
+    with Running(settings, build_plan(sql, topics), "grouped", spark) as running:
         for step, expected in enumerate([
                 {"ada": group(1, 1.0), "ADA": group(1, 1.0), "bob": group(1, 1.0)},  # o3, o5, o6: no version
                 # o1 deleted (ada emptied), o9 (late, ADA still held) and o8 join ADA; o7's version is pruned

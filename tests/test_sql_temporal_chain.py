@@ -169,8 +169,8 @@ def test_a_statement_set_runs_the_chain_beside_a_count_of_the_same_orders(settin
                                     if table == "orders" and ms is None])
     plans = build_pipeline(STATEMENT_SET, topics)
     assert [plan.temporal is not None for plan in plans] == [True, False]
-    with (Running(settings, plans, "chain-set", spark) as running, TopicTail(url, topics["out"]) as out_tail,
-          TopicTail(url, topics["orders_per_user"]) as counts_tail):
+    out_tail, counts_tail = TopicTail(url, topics["out"]), TopicTail(url, topics["orders_per_user"])
+    with Running(settings, plans, "chain-set", spark) as running:
         def arrived():
             running.check()
             out, counts = latest_per_key(out_tail.read()), latest_per_key(counts_tail.read())

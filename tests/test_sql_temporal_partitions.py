@@ -53,7 +53,8 @@ def a_partition_behind_holds_the_order_back(url: str, topics: dict[str, str], se
     publish(url, topics["orders"], [message(key, {"id": key, "user_id": user_id, "amount": 1.0, "ts": at(ms)})
                                     for key, user_id, ms in (("o1", behind, T + 50_000), ("o2", ahead, T + 80_000))])
     plan = build_plan("\n".join([ORDERS, USERS, OUT, SELECT.format(join="LEFT JOIN") + ";"]), topics)
-    with Running(settings, plan, "partitions", spark) as running, TopicTail(url, topics["out"]) as out:
+    out = TopicTail(url, topics["out"])
+    with Running(settings, plan, "partitions", spark) as running:
         def decided() -> dict[str, str]:
             running.check()
             return {key: json.loads(value)["name"] for key, value in out.read()}
