@@ -8,6 +8,8 @@ state survives a restart without re-reading the changelogs.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from pipeline import wire
@@ -15,7 +17,7 @@ from pipeline.metrics import read_rows
 from factories import item, keyed, order, publish, user
 from jobproc import JobThread
 from sinkread import count, rows
-from waiting import wait_for
+from waiting import poll, wait_for
 
 pytestmark = pytest.mark.e2e  # every test here starts the job
 
@@ -56,9 +58,13 @@ def scenario(tmp_path_factory, broker):
         wait_for(lambda: count(data_dir, "enriched") + count(data_dir, "missing_state") >= expected_total,
                  timeout=120, what="every order in a sink")
         wait_for(lambda: count(data_dir, "dead_letter") >= 5, timeout=60, what="dead letters")
+        # Nothing more is sent: once the lookups' waits are over, the newest batch only gets older
+        quiet = poll(lambda: time.time() * 1000 - max(row["ts_ms"] for row in read_rows(data_dir, "progress")) > 4_000,
+                     timeout=90)
     finally:
         job.close()
-    yield {"settings": settings, "orders": orders, "early": early, "never": never, "users": users, "topics": topics}
+    yield {"settings": settings, "orders": orders, "early": early, "never": never, "users": users, "topics": topics,
+           "quiet": quiet}
 
 
 def expected_outcome(o: dict) -> tuple[str, str | None]:
@@ -116,6 +122,14 @@ def test_order_past_max_wait_is_missing_with_reason(scenario):
     (never,) = [r for r in rows(data_dir, "missing_state") if r["invoice_id"] == 950]
     assert never["reason"] == "user"
     assert never["waited_ms"] >= 12_000
+
+
+def test_a_quiet_job_runs_no_batch_once_its_waits_are_over(scenario):
+    """Spark runs a batch every trigger, input or not, for the lookups' processing-time timers;
+    the job turns those off, and its source plans the batches of no row the timers need
+    (pipeline/runtime/spark.py ``start_without_idle_batches``): order 950 was decided after its
+    12 s wait with nothing sent, and then the batches stopped."""
+    assert scenario["quiet"], "a batch every trigger with nothing to read"
 
 
 def test_poison_messages_on_every_topic_are_dead_letters(scenario):

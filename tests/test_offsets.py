@@ -27,6 +27,15 @@ def test_new_partitions_start_at_earliest():
     assert offset["orders"]["parts"] == {"0": {"n": 0, "id": "earliest"}}  # not mutated
 
 
+def test_a_tick_is_a_new_end_that_reads_nothing():
+    start = {"users": {"gen": 0, "base": {"-1": "earliest"}, "target": {}, "parts": {"-1": {"n": 15, "id": "0:14:-1:-1"}}},
+             "orders": {"gen": 0, "base": {"-1": "earliest"}, "target": {}, "parts": {"-1": {"n": 7, "id": "0:6:-1:-1"}}}}
+    ticked = off.with_tick(start)
+    assert ticked != start and off.with_tick(ticked) != ticked  # Spark runs a batch for each
+    assert ticked["orders"]["tick"] == 1 and off.with_tick(ticked)["orders"]["tick"] == 2 and "tick" not in start["orders"]
+    assert off.ranges_between(start, ticked) == [] and off.ranges_between(ticked, off.with_tick(ticked)) == []
+
+
 def test_replay_finishes_when_target_reached():
     topic = {"gen": 1, "target": {"-1": "0:50:-1:-1"}, "parts": {"-1": {"n": 10, "id": "0:9:-1:-1"}}}
     assert not off.replay_finished(topic)

@@ -182,6 +182,18 @@ def with_partitions(offset: dict, topic_partitions: dict[str, list[str]]) -> dic
     return result
 
 
+def with_tick(offset: dict) -> dict:
+    """The offset with one more ``tick`` (in its first topic's offset): a batch that reads no
+    message but must run (datasource option ``tickForMs``), and runs the same when re-run.
+
+    # {"orders": {"gen": 0, …}} -> {"orders": {"gen": 0, …, "tick": 1}}
+    """
+    result = copy.deepcopy(offset)
+    first = result[min(result)]
+    first["tick"] = int(first.get("tick", 0)) + 1
+    return result
+
+
 @dataclass(frozen=True)
 class Range:
     """The messages of one partition in one batch: after ``start_id`` through ``end_id``
