@@ -176,6 +176,7 @@ def sum_order_shares(orders: Sequence[Any]) -> tuple[int, bool]:
 
 LIFECYCLE_KINDS = ("job_started", "restart", "job_failed", "job_stopped")
 FRESH_BATCHES = 3  # a running job has written a batch within this many trigger intervals
+FRESH_HEARTBEAT_MS = 35_000  # an idle job writes its heartbeat every 10 s (Spark's idle events)
 
 
 @dataclass(frozen=True)
@@ -194,13 +195,16 @@ def derive_job_status(
     trigger_interval_ms: int | None,
     last_batch_duration_ms: int | None,
     now_ms: int,
+    heartbeat_ts_ms: int | None = None,
 ) -> JobStatus:
     """The job's status from its newest lifecycle event and the age of its newest batch.
 
     ``lifecycle_event`` is the newest of job_started / restart / job_failed / job_stopped as
     ``{"kind", "ts_ms", "message", "details"}``. A batch is fresh when it was written within
     three trigger intervals (or three batch durations, if batches run longer than that).
-    A fresh batch newer than the event means the job runs, whatever the event said before.
+    A fresh batch newer than the event means the job runs, whatever the event said before. A job
+    with nothing to read runs no batch; its heartbeat (``heartbeat_ts_ms``, every 10 s) says it is
+    idle, not stopped.
     """
     interval_ms = max(int(trigger_interval_ms or 1000), int(last_batch_duration_ms or 0), 1)
     window_ms = FRESH_BATCHES * interval_ms
@@ -218,6 +222,11 @@ def derive_job_status(
         if event_kind == "restart":
             detail += f" Recovered after restart {_attempt(details)}."
         return JobStatus("running", "Running", detail, "success")
+    beating = (heartbeat_ts_ms is not None and int(heartbeat_ts_ms) >= event_ts
+               and now_ms - int(heartbeat_ts_ms) <= FRESH_HEARTBEAT_MS)
+    if beating and progress_after_event and event_kind not in ("job_failed", "job_stopped"):
+        return JobStatus("running", "Running, idle", f"Nothing new to read; last batch {format_age(age_ms)} ago.",
+                         "success")
     if event_kind == "restart" and not progress_after_event:
         error = details.get("error") or lifecycle_event.get("message") or "unknown error"
         delay = details.get("delay_s")
@@ -233,14 +242,15 @@ def derive_job_status(
     return JobStatus(
         "stalled",
         f"No batch for {format_age(age_ms)}",
-        "The job has not reported a stop; it is idle (no new messages) or was killed.",
+        "The job has not reported a stop, and no heartbeat says it is idle: it was killed, or hangs.",
         "warning",
     )
 
 
-def job_status_from_frames(lifecycle_events: pd.DataFrame, newest_batches: pd.DataFrame, now_ms: int) -> JobStatus:
+def job_status_from_frames(lifecycle_events: pd.DataFrame, newest_batches: pd.DataFrame, now_ms: int,
+                           heartbeat_ts_ms: int | None = None) -> JobStatus:
     """:func:`derive_job_status` from the frames of ``load_latest_lifecycle_event`` and
-    ``load_batches(limit=1)`` (either may be empty)."""
+    ``load_batches(limit=1)`` (either may be empty) and the job's heartbeat (``read_heartbeat``)."""
     event = lifecycle_events.iloc[0].to_dict() if not lifecycle_events.empty else None
     batch = newest_batches.iloc[-1] if not newest_batches.empty else None
     return derive_job_status(
@@ -249,6 +259,7 @@ def job_status_from_frames(lifecycle_events: pd.DataFrame, newest_batches: pd.Da
         trigger_interval_ms=None if batch is None else _int_or_none(batch["trigger_interval_ms"]),
         last_batch_duration_ms=None if batch is None else _int_or_none(batch["batch_duration_ms"]),
         now_ms=now_ms,
+        heartbeat_ts_ms=heartbeat_ts_ms,
     )
 
 

@@ -192,7 +192,7 @@ class StoreCollector(Collector):
         shares = metric_queries.load_order_shares(cursor, data_dir)
         sink_rows = queries.load_sink_spans(cursor, data_dir).set_index("sink")["rows"]
         status = console_math.job_status_from_frames(metric_queries.load_latest_lifecycle_event(cursor, data_dir),
-                                                     newest, now_ms)
+                                                     newest, now_ms, metric_queries.read_heartbeat(data_dir))
         batch = newest.iloc[-1] if not newest.empty else None
 
         def latest(column: str) -> list:

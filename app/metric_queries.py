@@ -18,6 +18,7 @@ import pandas as pd
 from app.console_math import LIFECYCLE_KINDS, compute_backlog
 from app.sources import (DURATION_PHASES, METRIC_COLUMNS, Connection, empty_relation, metrics_relation, newest_metrics, query_frame,
                          query_newest, sql_text)
+from pipeline import store
 from pipeline.enrich.lookups import LOOKUPS
 
 DAY_MS = 86_400_000
@@ -243,6 +244,15 @@ def load_events(connection: Connection, data_dir: Path, kinds: tuple[str, ...] |
 def load_latest_lifecycle_event(connection: Connection, data_dir: Path) -> pd.DataFrame:
     """The newest of job_started / restart / job_failed / job_stopped, as a one-row frame."""
     return load_events(connection, data_dir, kinds=LIFECYCLE_KINDS, limit=1)
+
+
+def read_heartbeat(data_dir: Path) -> int | None:
+    """When the job last said it runs with nothing to read (``store.heartbeat_path``), in epoch
+    ms; None when it never did, or the file cannot be read."""
+    try:
+        return int(json.loads(store.heartbeat_path(data_dir).read_text())["ts_ms"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def load_event_counts(connection: Connection, data_dir: Path) -> pd.DataFrame:

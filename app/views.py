@@ -145,6 +145,7 @@ def load_job_status(data_dir: Path) -> console_math.JobStatus:
         fetch(metric_queries.load_latest_lifecycle_event, data_dir=data_dir),
         fetch(metric_queries.load_batches, data_dir=data_dir, limit=1),
         now_ms(),
+        metric_queries.read_heartbeat(data_dir),
     )
 
 

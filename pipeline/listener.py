@@ -64,6 +64,14 @@ class JobListener(ProgressListener):
             threading.Thread(target=self._fetch_tasks_forever, args=(ui_url.rstrip("/"), app_id),
                              name="task-metrics", daemon=True).start()
 
+    def onQueryIdle(self, event) -> None:
+        """The job runs and has nothing to read (no batch runs then): its heartbeat, so the
+        console tells an idle job from a stopped one."""
+        try:
+            write_heartbeat(self.store.data_dir, int(time.time() * 1000))
+        except Exception:  # a listener error must never take the job down; it is logged
+            log.exception("query listener failed on an idle event")
+
     def onQueryProgress(self, event) -> None:
         try:
             progress = json.loads(event.progress.json)
@@ -272,3 +280,12 @@ def recover_order_share(data_dir: Path) -> tuple[OrderShare | None, list[tuple[s
         # The batch it started with is gone (a restore, or the retention): keep the run open, uncounted.
         return OrderShare(first, first, int(started["details"].get("held_for") or 0), 0, None), []
     return share, missed
+
+
+def write_heartbeat(data_dir: Path, ts_ms: int) -> None:
+    """Replace the job's heartbeat at once (a reader never sees half of one)."""
+    path = store.heartbeat_path(data_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"ts_ms": int(ts_ms)}))
+    tmp.replace(path)

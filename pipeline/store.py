@@ -65,6 +65,12 @@ def metrics_glob(data_dir: Path, stream: str) -> str:
     return str(metrics_dir(data_dir, stream) / "*.jsonl")
 
 
+def heartbeat_path(data_dir: Path) -> Path:
+    """The job's newest sign of life between batches (``{"ts_ms": …}``): written on each of
+    Spark's idle events, every 10 s while it has nothing to read (pipeline/listener.py)."""
+    return Path(data_dir) / "control" / "heartbeat.json"
+
+
 def savepoints_dir(data_dir: Path) -> Path:
     return Path(data_dir) / "savepoints"
 

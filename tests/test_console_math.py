@@ -123,6 +123,20 @@ def test_status_stalled_when_the_newest_batch_is_older_than_three_intervals():
     assert status.headline == "No batch for 3 s"
 
 
+def test_an_idle_job_with_a_fresh_heartbeat_runs_and_one_without_has_stalled():
+    started = _event("job_started", NOW - 600_000)
+    idle = cm.derive_job_status(started, NOW - 300_000, 1000, 300, NOW, heartbeat_ts_ms=NOW - 8_000)
+    assert (idle.state, idle.headline, idle.level) == ("running", "Running, idle", "success")
+    assert idle.detail == "Nothing new to read; last batch 5 min 0 s ago."
+    # a heartbeat older than three idle events (10 s each): killed, or hangs
+    assert cm.derive_job_status(started, NOW - 300_000, 1000, 300, NOW, heartbeat_ts_ms=NOW - 40_000).state == "stalled"
+    # a stop or a failure after the last heartbeat is what the job is now
+    stopped = _event("job_stopped", NOW - 5_000)
+    assert cm.derive_job_status(stopped, NOW - 300_000, 1000, 300, NOW, heartbeat_ts_ms=NOW - 8_000).state == "stopped"
+    failed = _event("job_failed", NOW - 9_000, error="boom")
+    assert cm.derive_job_status(failed, NOW - 300_000, 1000, 300, NOW, heartbeat_ts_ms=NOW - 8_000).state == "failed"
+
+
 def test_long_batches_widen_the_freshness_window():
     # Batches of 4 s on a 1 s trigger: a batch 10 s ago is still fresh (3 × 4 s).
     assert cm.derive_job_status(_event("job_started", 0), NOW - 10_000, 1000, 4000, NOW).state == "running"

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import time
 
+import pandas as pd
 import pytest
 
+from app.console_math import job_status_from_frames
+from app.metric_queries import read_heartbeat
 from pipeline import wire
 from pipeline.metrics import read_rows
 from factories import item, keyed, order, publish, user
@@ -61,10 +64,13 @@ def scenario(tmp_path_factory, broker):
         # Nothing more is sent: once the lookups' waits are over, the newest batch only gets older
         quiet = poll(lambda: time.time() * 1000 - max(row["ts_ms"] for row in read_rows(data_dir, "progress")) > 4_000,
                      timeout=90)
+        # ... and its heartbeat (Spark's idle events, every 10 s) tells the console it runs
+        newest = max(row["ts_ms"] for row in read_rows(data_dir, "progress"))
+        beat = poll(lambda: (read_heartbeat(data_dir) or 0) > newest, timeout=40) and read_heartbeat(data_dir)
     finally:
         job.close()
     yield {"settings": settings, "orders": orders, "early": early, "never": never, "users": users, "topics": topics,
-           "quiet": quiet}
+           "quiet": quiet, "heartbeat": beat}
 
 
 def expected_outcome(o: dict) -> tuple[str, str | None]:
@@ -130,6 +136,10 @@ def test_a_quiet_job_runs_no_batch_once_its_waits_are_over(scenario):
     (pipeline/runtime/spark.py ``start_without_idle_batches``): order 950 was decided after its
     12 s wait with nothing sent, and then the batches stopped."""
     assert scenario["quiet"], "a batch every trigger with nothing to read"
+    status = job_status_from_frames(pd.DataFrame([{"kind": "job_started", "ts_ms": 0, "message": "", "details": {}}]),
+                                    pd.DataFrame(read_rows(scenario["settings"].data_dir, "progress")).tail(1),
+                                    scenario["heartbeat"], heartbeat_ts_ms=scenario["heartbeat"])
+    assert (status.state, status.headline) == ("running", "Running, idle")
 
 
 def test_poison_messages_on_every_topic_are_dead_letters(scenario):

@@ -424,3 +424,13 @@ def test_an_open_share_counts_its_orders_so_far_once_each_and_old_rows_read_as_u
     assert batches["orders_rows"].tolist() == [5, 0, 30, 20, 20]
     old = metric_queries.load_backlog(connection, tmp_path).query("batch_id == 0")
     assert old["admitted_messages"].isna().all() and old["admitted_bytes"].isna().all()
+
+
+def test_the_heartbeat_the_listener_writes_is_read_back_and_a_bad_one_is_none(tmp_path):
+    from pipeline.listener import write_heartbeat
+
+    assert metric_queries.read_heartbeat(tmp_path) is None
+    write_heartbeat(tmp_path, 1_700_000_000_123)
+    assert metric_queries.read_heartbeat(tmp_path) == 1_700_000_000_123
+    store.heartbeat_path(tmp_path).write_text("{not json")
+    assert metric_queries.read_heartbeat(tmp_path) is None
