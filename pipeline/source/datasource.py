@@ -242,7 +242,7 @@ class PulsarStreamReader(DataSourceStreamReader):
             end[kind]["parts"][p]["probe"] = end[kind]["parts"][p].get("probe", 0) + 1
         self._planned_read = any(plan.grants.values())
         if not (self._planned_read or clock_moved or probes_due):
-            if time.monotonic() - self._read_ended > self.tick_for_s:
+            if not self.tick_for_s or time.monotonic() - self._read_ended > self.tick_for_s:
                 return offset  # nothing to read, no clock to move, no probe, no timer due: Spark runs no batch
             end = off.with_tick(end)  # a batch of no row, for the timers that may be due
         admitted = {kind: {"entries": 0, "messages": 0, "bytes": 0} for kind in end}
