@@ -47,3 +47,16 @@ def test_the_driver_jvm_runs_on_jemalloc_where_installed_and_its_python_workers_
         yield "libjemalloc" in open("/proc/self/maps").read() or bool(os.environ.get("LD_PRELOAD"))
 
     assert spark.sparkContext.parallelize([0], 1).mapPartitions(worker_maps).collect() == [False]
+
+
+def test_a_query_started_without_idle_batches_leaves_the_sessions_setting_as_it_was(spark):
+    """The job's query runs on a copy of the session's settings with Spark's no-data batches off;
+    the session itself keeps them on, for the queries that need them (event time's watermark)."""
+    from pipeline.runtime.spark import NO_DATA_BATCHES, start_without_idle_batches
+
+    before = spark.conf.get(NO_DATA_BATCHES)
+    query = start_without_idle_batches(spark, spark.readStream.format("rate").load().writeStream.format("noop"))
+    try:
+        assert query.isActive and spark.conf.get(NO_DATA_BATCHES) == before == "true"
+    finally:
+        query.stop()
