@@ -284,8 +284,4 @@ def recover_order_share(data_dir: Path) -> tuple[OrderShare | None, list[tuple[s
 
 def write_heartbeat(data_dir: Path, ts_ms: int) -> None:
     """Replace the job's heartbeat at once (a reader never sees half of one)."""
-    path = store.heartbeat_path(data_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"ts_ms": int(ts_ms)}))
-    tmp.replace(path)
+    store.replace_file(store.heartbeat_path(data_dir), json.dumps({"ts_ms": int(ts_ms)}))

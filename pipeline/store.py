@@ -103,6 +103,17 @@ def job_lock_path(data_dir: Path) -> Path:
     return Path(data_dir) / "job.lock"
 
 
+def replace_file(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole: a temporary file beside it, renamed over it, so a reader
+    sees the old file or the new one, never half of one. The temporary name carries the process
+    id: two processes replacing one file never write into each other's."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def ensure_data_dir(data_dir: Path) -> Path:
     """Create the data dir if needed and check that files can be written in it; a regular
     file, a read-only file system or a missing permission is one ConfigError naming the path."""

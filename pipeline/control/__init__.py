@@ -13,7 +13,6 @@ in pipeline/control/lock.py; they are re-exported here as part of that one surfa
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -73,9 +72,7 @@ def request_replay(settings: Settings, topic: str, from_time: str | datetime | N
             seq = max(seqs, default=0) + 1
             request = {"seq": seq, "topic": topic, "from": "earliest" if from_ms is None else iso(from_ms),
                        "from_ms": from_ms, "requested_at": iso(now_ms()), "requested_by": requested_by}
-            tmp = folder / f".{seq:08d}.tmp"
-            tmp.write_text(json.dumps(request))
-            os.rename(tmp, folder / f"{seq:08d}.json")
+            store.replace_file(folder / f"{seq:08d}.json", json.dumps(request))
     except OSError as exc:
         raise ControlError(f"cannot write the replay request under {str(folder)!r}: {exc.strerror or exc}") from exc
     MetricsStore(settings.data_dir).event("replay_requested", f"replay #{seq} of {topic} from {request['from']} "

@@ -284,11 +284,9 @@ def restore_savepoint(settings: Settings, name: str, now: int | None = None) -> 
         try:
             shutil.rmtree(copy, ignore_errors=True)
             _copy_checkpoint(info.path / "checkpoint", copy)
-            journal.parent.mkdir(parents=True, exist_ok=True)
-            journal_tmp = journal.with_name(journal.name + ".tmp")
-            journal_tmp.write_text(json.dumps({"savepoint": name, "batch_id": info.batch_id, "inode": _inode(copy),
-                                               "restore_id": uuid.uuid4().hex, "sink_versions": recorded}))
-            os.replace(journal_tmp, journal)
+            store.replace_file(journal, json.dumps({"savepoint": name, "batch_id": info.batch_id,
+                                                    "inode": _inode(copy), "restore_id": uuid.uuid4().hex,
+                                                    "sink_versions": recorded}))
         except OSError as exc:
             shutil.rmtree(copy, ignore_errors=True)
             raise ControlError(f"cannot restore savepoint {name!r} into {str(checkpoint)!r}: {exc.strerror or exc}"

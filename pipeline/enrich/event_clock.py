@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -83,10 +82,7 @@ def keep_newest(checkpoint: Path, history: list[dict], batch_id: int, newest: di
         return history
     history = [entry for entry in history if entry["batch_id"] < batch_id][-(NEWEST_KEPT - 1):]
     history.append({"batch_id": batch_id, "newest": dict(newest)})
-    target = Path(checkpoint) / NEWEST_FILE
-    tmp = target.with_suffix(".tmp")
-    tmp.write_text(json.dumps(history))
-    os.replace(tmp, target)
+    store.replace_file(Path(checkpoint) / NEWEST_FILE, json.dumps(history))
     return history
 
 

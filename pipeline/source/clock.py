@@ -30,11 +30,11 @@ partitioned (partition -1), ``users/0`` for a partition. Everything here is pure
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline import store
 from pipeline.wire import MAX_TIME_MS
 
 UNBOUNDED = MAX_TIME_MS  # a row's own time counts, whatever it is (the wire keeps times below it)
@@ -58,10 +58,7 @@ def partition_name(kind: str, partition: str | int) -> str:
 
 def write_clock_file(path: Path, newest: dict[str, int | None], idle: set[str], through: dict | None) -> None:
     """Replace the clock file at once (a reader never sees half of one)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"newest": newest, "idle": sorted(idle), "through": through}))
-    os.replace(tmp, path)
+    store.replace_file(path, json.dumps({"newest": newest, "idle": sorted(idle), "through": through}))
 
 
 def read_clock_file(path: str | Path | None) -> ClockFile | None:

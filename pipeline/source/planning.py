@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from pipeline import store
 
 log = logging.getLogger(__name__)
 
@@ -154,10 +155,7 @@ def _record(target: Path, facts: dict) -> None:
     """Write ``facts`` to ``target`` whole (a reader never sees half of it); a failure only costs
     the planner what it would have learnt, so it is logged, never raised."""
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(facts))
-        os.replace(tmp, target)
+        store.replace_file(target, json.dumps(facts))
     except OSError as exc:
         log.warning("cannot record what the source read in %s: %s", target, exc)
 
