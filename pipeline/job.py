@@ -52,7 +52,7 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter,
     from pipeline.enrich.lookups import LOOKUPS, apply_event_lookup, apply_lookup, with_event_watermarks
     from pipeline.source.counts import list_topic_partitions, observe_rows
     from pipeline.source.datasource import PulsarDataSource
-    from pipeline.runtime.spark import shuffle_partitions, start_without_idle_batches
+    from pipeline.runtime.spark import shuffle_partitions, start_without_idle_batches, timer_ticks
 
     checkpoint = store.checkpoint_dir(settings.data_dir)
     spark.dataSource.register(PulsarDataSource)
@@ -77,10 +77,9 @@ def build_query(spark, settings: Settings, service_url: str, writer: SinkWriter,
         # Spark redacts option values whose key says "token" from plans and its UI.
         source = source.option("authToken", settings["pulsar.auth_token"])
     if settings["enrichment.time"] == "processing" and settings.max_wait_ms:
-        # the batches of no row the lookups' timers need once the stream is quiet: a timer is due
-        # at most max_wait after the batch that set it, and a batch plans a trigger after it is due
-        interval_ms = int(settings["job.trigger_interval"] * 1000)
-        source = source.option("tickForMs", settings.max_wait_ms + 2 * interval_ms + 1000)
+        # the batches of no row the lookups' timers need once the stream is quiet
+        source = source.options(**timer_ticks(settings.max_wait_ms, int(settings["job.trigger_interval"] * 1000),
+                                              once=False))
     if settings["enrichment.time"] == "event":  # a message its time cannot place is a dead letter
         from pipeline.enrich.event_clock import clock_file
         source = source.option("transformArgs", json.dumps({

@@ -36,6 +36,32 @@ def test_a_tick_is_a_new_end_that_reads_nothing():
     assert off.ranges_between(start, ticked) == [] and off.ranges_between(ticked, off.with_tick(ticked)) == []
 
 
+def planned_ticks(tick_for: float, tick_every: float, trigger: float = 0.5, until: float = 60.0) -> list[float]:
+    """When a quiet source plans its batches of no row: planning each trigger after a read ended at 0."""
+    ticks, last = [], 0.0
+    for step in range(1, int(until / trigger) + 1):
+        now = step * trigger
+        if off.tick_due(now, 0.0, last, tick_for, tick_every):
+            ticks.append(now)
+            last = now
+    return ticks
+
+
+def test_ticks_come_every_trigger_through_the_window_or_once_at_its_end():
+    from pipeline.runtime.spark import timer_ticks
+
+    assert planned_ticks(0, 0) == []
+    assert planned_ticks(3.0, 0) == [0.5, 1.0, 1.5, 2.0, 2.5, 3.0]  # the lookups' max_wait: each trigger
+    assert planned_ticks(3.0, 3.0) == [3.0]  # a state TTL: one batch, once every timer is due
+    assert planned_ticks(3.2, 3.2) == [3.5]  # the first trigger at or past the window
+    assert planned_ticks(4.0, 2.0) == [2.0, 4.0]
+    # max_wait 10 s at a 500 ms trigger: 12 s of ticks, one a trigger; a TTL of 1 h: one tick after 1 h 12 s
+    assert timer_ticks(10_000, 500, once=False) == {"tickForMs": 12_000, "tickEveryMs": 0}
+    ttl = timer_ticks(3_600_000, 500, once=True)
+    assert ttl == {"tickForMs": 3_602_000, "tickEveryMs": 3_602_000}
+    assert planned_ticks(ttl["tickForMs"] / 1000, ttl["tickEveryMs"] / 1000, trigger=1.0, until=10_000) == [3_602.0]
+
+
 def test_replay_finishes_when_target_reached():
     topic = {"gen": 1, "target": {"-1": "0:50:-1:-1"}, "parts": {"-1": {"n": 10, "id": "0:9:-1:-1"}}}
     assert not off.replay_finished(topic)

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from waiting import wait_for
+from pipeline import store
+from pipeline.metrics import read_rows
+from waiting import poll, wait_for
 
 TTL_MS = 20_000  # long beside a loaded machine's batches (seconds apart): the steps' timings hold
 JOIN_SCHEMA = "key STRING, side INT, op STRING, source_partition BIGINT, position BIGINT, s0_a STRING, s1_b STRING"
@@ -289,7 +291,18 @@ def test_a_pipeline_with_a_state_ttl_counts_an_idle_group_anew_and_sends_nothing
         on_topic = wait_for(lambda: arrived(2), 90, what="the count after the TTL")
         assert on_topic == [("A", '{"accountId":"A","n":2}'), ("A", '{"accountId":"A","n":1}')]
         current = running.result(settings, "ttl")
+        # Then nothing comes. Spark would run a batch every trigger for the group's timer; the
+        # source plans one batch of no row once the TTL has passed since the last input, whose
+        # timer drops the group, and then none (runtime/spark.py ``timer_ticks``).
+        progress = lambda: read_rows(store.sql_dir(settings.data_dir, "ttl"), "progress")  # noqa: E731
+        last_read = max(row["batch_id"] for row in progress() if row["rows_in"])
+        wait_for(lambda: [row for row in progress() if row["batch_id"] > last_read and row["state_rows"] == 0], 60,
+                 what="a batch of no row that drops the expired group")
+        quiet = poll(lambda: time.time() * 1000 - max(row["ts_ms"] for row in progress()) > 4_000, timeout=40)
+        after = [row for row in progress() if row["batch_id"] > last_read]
     assert current == [latest_per_key(on_topic)["A"]]
+    assert quiet, "a batch every trigger with nothing to read"
+    assert 1 <= len(after) <= 2 and all(row["rows_in"] == 0 for row in after), after
     # nor a delete in the result table: the expire row is dropped before the sink (runner.py), and
     # the sink refuses an op it does not send rather than drop it again
     changes = sorted(sink_rows(settings, "ttl", "result"), key=lambda r: r["_batch_id"])

@@ -196,6 +196,19 @@ def deliver_pending_events(spark, timeout_s: float = 10.0) -> bool:
 NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
 
 
+def timer_ticks(longest_timer_ms: int, trigger_ms: int, once: bool) -> dict[str, int]:
+    """The source options (pipeline/source/datasource.py ``tickForMs``, ``tickEveryMs``) that plan
+    the batches of no row a query's processing-time timers need once its input stops, for a query
+    started with :func:`start_without_idle_batches`. A timer is due at most ``longest_timer_ms``
+    after the batch that set it, and a batch plans a trigger after it is due, hence the window.
+    ``once``: one batch when the window has passed, for timers that only free state (a SQL state
+    TTL: an expired group is dropped on its next input anyway); else one every trigger within it,
+    for timers that decide something (the lookups' ``max_wait``: a waiting order is decided
+    within a trigger of its wait)."""
+    window = longest_timer_ms + 2 * trigger_ms + 1000
+    return {"tickForMs": window, "tickEveryMs": window if once else 0}
+
+
 def start_without_idle_batches(spark, writer):
     """Start ``writer``'s query with Spark's no-data batches off: it runs a batch only when its
     source plans one.

@@ -26,7 +26,8 @@ Options:
   ``clock`` at the clock's time (no key or value), so a quiet stream's watermark moves too.
 - ``tickForMs``: how long after a batch that read messages the source still plans batches
   with no row when there is nothing to read (each one's end offset counts a ``tick``), one each
-  trigger; 0 or absent: never. A query whose operators keep processing-time timers sets it to the
+  trigger, or one each ``tickEveryMs`` (the last at or past ``tickForMs``: with both equal, one
+  batch); 0 or absent: never. A query whose operators keep processing-time timers sets it to the
   longest a timer waits (plus a trigger or two) and turns Spark's own no-data batches off
   (pipeline/runtime/spark.py ``start_without_idle_batches``): those run every trigger for good,
   input or not, while a timer is due at most that long after the batch that set it.
@@ -134,10 +135,12 @@ class PulsarStreamReader(DataSourceStreamReader):
                               f"which are not in option 'topics' ({sorted(self.topics)})")
         self.stats_dir = options.get("statsDir") or None
         self.tick_for_s = (whole_number(options, "tickForMs", minimum=0) or 0) / 1000
+        self.tick_every_s = (whole_number(options, "tickEveryMs", minimum=0) or 0) / 1000
         # when the last batch that read messages ended (its next planning): a timer it set is due
         # within tickForMs of it; a (re)started source counts from its start, for the timers of
-        # batches before it
+        # batches before it. And when the last batch of no row was planned.
         self._read_ended, self._planned_read = time.monotonic(), False
+        self._ticked = self._read_ended
         self.clock_file = options.get("clockFile") or None
         self._late_clocks, self._late_clock_said = 0, 0.0  # plans the driver's clock was late for
         self.starting = parse_starting_offsets(options.get("startingOffsets"), list(self.topics))
@@ -191,6 +194,7 @@ class PulsarStreamReader(DataSourceStreamReader):
         first (pipeline/source/planning.py); ``start`` itself when there is nothing to read."""
         if self._planned_read:  # Spark plans a batch once the one before it has ended
             self._read_ended, self._planned_read = time.monotonic(), False
+            self._ticked = self._read_ended
         offset = off.with_partitions(start, self._topic_partitions())
         offset = self._apply_replay_requests(offset)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
@@ -242,9 +246,10 @@ class PulsarStreamReader(DataSourceStreamReader):
             end[kind]["parts"][p]["probe"] = end[kind]["parts"][p].get("probe", 0) + 1
         self._planned_read = any(plan.grants.values())
         if not (self._planned_read or clock_moved or probes_due):
-            if not self.tick_for_s or time.monotonic() - self._read_ended > self.tick_for_s:
+            now = time.monotonic()
+            if not off.tick_due(now, self._read_ended, self._ticked, self.tick_for_s, self.tick_every_s):
                 return offset  # nothing to read, no clock to move, no probe, no timer due: Spark runs no batch
-            end = off.with_tick(end)  # a batch of no row, for the timers that may be due
+            end, self._ticked = off.with_tick(end), now  # a batch of no row, for the timers that may be due
         admitted = {kind: {"entries": 0, "messages": 0, "bytes": 0} for kind in end}
         for key, grant in plan.grants.items():
             if grant:

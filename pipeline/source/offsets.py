@@ -194,6 +194,18 @@ def with_tick(offset: dict) -> dict:
     return result
 
 
+def tick_due(now: float, read_ended: float, last_tick: float, tick_for: float, tick_every: float) -> bool:
+    """Whether a source with nothing to read plans a batch of no row now (options ``tickForMs``,
+    ``tickEveryMs``; seconds here, monotonic): one every ``tick_every`` (0: every trigger) after
+    ``read_ended``, when the last batch that read messages ended, until one lands at or past
+    ``tick_for`` after it; ``last_tick``: when the last one was planned (``read_ended`` if none).
+
+    # tick_for 5, tick_every 0 (each trigger): due at 0.5, 1, …, 5 s after read_ended; not at 5.5
+    # tick_for 5, tick_every 5 (once): due at the first trigger at or past 5 s, then no more
+    """
+    return bool(tick_for) and last_tick - read_ended < tick_for and now - last_tick >= tick_every
+
+
 @dataclass(frozen=True)
 class Range:
     """The messages of one partition in one batch: after ``start_id`` through ``end_id``
