@@ -191,3 +191,30 @@ def test_state_survives_a_restart_without_replay(scenario):
     assert len(new) == 5 and all(r["user_first_name"] == "Updated3" for r in new)
     rerun = read_rows(data_dir, "progress")[progress_before:]
     assert sum(t["rows"] for p in rerun for t in p["topics"] if t["topic"] in ("users", "items")) == 0
+
+
+def test_an_order_left_waiting_at_a_stop_is_decided_after_a_restart_with_nothing_sent(scenario):
+    """The job stops while order 960 waits for a user that never comes, and nothing is sent
+    after it starts again: the restarted source plans the batches of no row the lookups' timers
+    need from its own start (``tickForMs``), so the order is still decided after its wait."""
+    settings, topics = scenario["settings"], scenario["topics"]
+    data_dir = settings.data_dir
+    orders_read = lambda: sum(t["rows"] or 0 for p in read_rows(data_dir, "progress")  # noqa: E731
+                              for t in p["topics"] if t["topic"] == "orders")
+    read_before = orders_read()
+    publish(settings.service_url, topics["orders"], keyed("orders", [order(960, user_id=78, item_id=1)]))
+    job = JobThread(settings)
+    try:
+        wait_for(lambda: orders_read() > read_before, timeout=180, what="order 960 to be read")
+    finally:
+        job.close()
+    assert not [r for r in rows(data_dir, "missing_state") if r["invoice_id"] == 960], \
+        "order 960 was decided before the stop: the stop came too late to test the restart"
+    job = JobThread(settings)
+    try:
+        decided = wait_for(lambda: [r for r in rows(data_dir, "missing_state") if r["invoice_id"] == 960],
+                           timeout=120, what="order 960 decided after the restart")
+    finally:
+        job.close()
+    assert decided[0]["reason"] == "user" and decided[0]["waited_ms"] >= 12_000
+    assert orders_read() == read_before + 1  # the restart read nothing again
