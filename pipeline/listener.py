@@ -19,8 +19,10 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 
 from pyspark.sql.streaming import StreamingQueryListener
+from pyspark.sql.streaming.listener import JStreamingQueryListener
 
 from pipeline import metrics, store
 from pipeline.enrich.lookups import LOOKUPS
@@ -34,8 +36,33 @@ log = logging.getLogger(__name__)
 TASKS_WAIT_S = 10.0
 
 
+class ProgressAsJson(JStreamingQueryListener):
+    """The Java-facing side of a :class:`ProgressListener`: PySpark's, except that a progress event
+    reaches the listener as its JSON text and query name (``event.progress.json``,
+    ``event.progress.name``, all our listeners read). PySpark's own copies every field of the
+    progress into Python objects, one py4j call at a time: about 100 ms a batch for each
+    listener (measured on two cores: 96 ms median, 240 ms at worst, against 1.2 ms for the
+    JSON), on the driver, on Spark's listener bus, which the next event-time batch waits on."""
+
+    def onQueryProgress(self, jevent) -> None:
+        jprogress = jevent.progress()
+        self.pylistener.onQueryProgress(SimpleNamespace(progress=SimpleNamespace(json=jprogress.json(),
+                                                                                 name=jprogress.name())))
+
+
 class ProgressListener(StreamingQueryListener):
     """A listener that only acts on progress: Spark requires the other callbacks, which do nothing."""
+
+    @property
+    def _jlistener(self):
+        # what PySpark's addListener / removeListener register (pyspark 4.3's StreamingQueryListener,
+        # pinned), with the progress as JSON (ProgressAsJson)
+        from pyspark import SparkContext
+
+        if not hasattr(self, "_jlistenerobj"):
+            wrapper = SparkContext._jvm.org.apache.spark.sql.streaming.PythonStreamingQueryListenerWrapper
+            self._jlistenerobj = wrapper(ProgressAsJson(self))
+        return self._jlistenerobj
 
     def onQueryStarted(self, event) -> None:
         pass

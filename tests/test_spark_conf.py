@@ -60,3 +60,33 @@ def test_a_query_started_without_idle_batches_leaves_the_sessions_setting_as_it_
         assert query.isActive and spark.conf.get(NO_DATA_BATCHES) == before == "true"
     finally:
         query.stop()
+
+
+def test_a_progress_listener_gets_each_batchs_progress_as_json(spark, tmp_path):
+    """Our listeners get a progress event as its JSON and query name (pipeline/listener.py
+    ``ProgressAsJson``), not PySpark's field-by-field copy of it; and removing one stops it."""
+    import json
+
+    from pipeline.listener import ProgressListener
+    from waiting import wait_for
+
+    seen = []
+
+    class Recording(ProgressListener):
+        def onQueryProgress(self, event) -> None:
+            seen.append((event.progress.name, json.loads(event.progress.json)))
+
+    listener = Recording()
+    spark.streams.addListener(listener)
+    query = (spark.readStream.format("rate").option("rowsPerSecond", 50).load().writeStream.queryName("json-progress")
+             .format("noop").option("checkpointLocation", str(tmp_path / "checkpoint"))
+             .trigger(processingTime="200 milliseconds").start())
+    try:
+        wait_for(lambda: any(progress["numInputRows"] for _, progress in seen), 60, what="a batch's progress")
+    finally:
+        query.stop()
+        spark.streams.removeListener(listener)
+    name, progress = next((name, progress) for name, progress in seen if progress["numInputRows"])
+    assert name == progress["name"] == "json-progress" and progress["sources"][0]["description"].startswith("Rate")
+    assert progress["batchId"] >= 0 and "triggerExecution" in progress["durationMs"]
+    assert listener._jlistener is listener._jlistener  # removeListener finds what addListener added
