@@ -164,3 +164,24 @@ def test_the_keepers_sweep_removes_the_sources_closed_readers_subscriptions_and_
     # own tasks, so one pass begun before the sweep may still log a line for each of them.
     assert len(ours) <= 5, ours[-3:]
     assert len(warned) - len(ours) >= 20  # someone else's closed reader: kept, and the log shows it
+
+
+def test_a_free_port_is_chosen_outside_the_kernels_ephemeral_range_where_no_bind_0_lands(tmp_path):
+    """A port from the ephemeral range can be handed to any bind(0) (Spark's Python worker socket
+    took an Apache Pulsar test broker's once) before the broker binds it."""
+    import socket
+
+    from pipeline.feed.broker import ephemeral_range, find_free_port
+
+    low, high = ephemeral_range()
+    for _ in range(20):
+        port = find_free_port()
+        assert not low <= port <= high and port >= 10_000
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", port))  # and it is free
+    narrow = tmp_path / "ip_local_port_range"
+    narrow.write_text("40000\t40100\n")
+    assert ephemeral_range(narrow) == (40_000, 40_100)
+    narrow.write_text("not numbers")
+    assert ephemeral_range(narrow) == (32_768, 60_999)
+    assert ephemeral_range(tmp_path / "missing") == (32_768, 60_999)
