@@ -54,7 +54,7 @@ from bench.long_run_samples import job_parts, judge_jvm, sample  # noqa: E402
 from bench.jvm_env import driver_jvm_environment  # noqa: E402
 from pipeline import store  # noqa: E402
 from pipeline.config import load_settings  # noqa: E402
-from pipeline.feed.broker import EmbeddedBroker, die_with_parent  # noqa: E402
+from pipeline.feed.broker import EmbeddedBroker, die_with_parent, find_free_port  # noqa: E402
 from pipeline.metrics import read_rows  # noqa: E402
 from pipeline.metrics_tail import parse_lines, tail_lines  # noqa: E402
 
@@ -83,15 +83,6 @@ def spawn(command: list[str], env: dict, log_path: Path) -> subprocess.Popen:
     log = open(log_path, "ab")
     return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True, preexec_fn=die_with_parent)
-
-
-def free_port() -> int:
-    """A port free on 127.0.0.1 now (the exporter takes no port 0)."""
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def stop_process(proc: subprocess.Popen) -> None:
@@ -312,7 +303,7 @@ def main(argv: list[str] | None = None) -> dict:
         wait_until(lambda: sum(r.get("num_input_rows", 0) for r in parse_lines(tail_lines(settings.data_dir, "progress", 10_000)[0]))
                    >= loaded, timeout=600, what="the job to load the users and items", interval=1.0, check=check)
         print(f"the job loaded {loaded:,} users and items", flush=True)
-        exporter = spawn([sys.executable, "-m", "app.exporter", "--port", str(free_port())], env, work / "exporter.log")
+        exporter = spawn([sys.executable, "-m", "app.exporter", "--port", str(find_free_port())], env, work / "exporter.log")
         cleanup.callback(stop_process, exporter)
         url = wait_until(lambda: next((line.split()[1] for line in (work / "exporter.log").read_text().splitlines()
                                        if line.startswith("exporter: http")), None), timeout=120, what="the exporter's URL")

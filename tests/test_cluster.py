@@ -16,7 +16,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -26,7 +25,7 @@ import pytest
 
 from test_backlog import assert_decided_with_what_was_published_before, publish_backlog
 from jobproc import cli_args
-from pipeline.feed.broker import die_with_parent
+from pipeline.feed.broker import die_with_parent, find_free_port
 from sinkread import invoices
 from waiting import wait_for
 
@@ -35,12 +34,6 @@ pytestmark = pytest.mark.e2e  # every test here starts the job
 ROOT = Path(__file__).resolve().parent.parent
 SPARK_CLASS = Path(sys.executable).parent / "spark-class"
 SPARK_HOME = os.path.dirname(importlib.util.find_spec("pyspark").origin)  # the wheel is a Spark distribution
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _group_alive(pgid: int) -> bool:
@@ -107,7 +100,7 @@ class StandaloneCluster:
 
     def __init__(self, work: Path, secret: str):
         self.work, self.secret = work, secret
-        self.port, self.ui_port = _free_port(), _free_port()
+        self.port, self.ui_port = find_free_port(), find_free_port()
         self.processes: list[subprocess.Popen] = []
         base = {k: v for k, v in os.environ.items() if not k.startswith(("SS_", "SPARK_", "PYSPARK_"))}
         # Spark daemons take the secret from _SPARK_AUTH_SECRET, as compose gives it to them
@@ -122,7 +115,7 @@ class StandaloneCluster:
         worker_env = base | {"SPARK_WORKER_OPTS": secure, "PYSPARK_PYTHON": sys.executable,
                              "PYTHONPATH": str(ROOT)}
         self._start("worker", worker_env, "org.apache.spark.deploy.worker.Worker", self.url, "--host", "127.0.0.1",
-                    "--port", str(_free_port()), "--webui-port", str(_free_port()), "--cores", "2", "--memory", "2g",
+                    "--port", str(find_free_port()), "--webui-port", str(find_free_port()), "--cores", "2", "--memory", "2g",
                     "--work-dir", str(work / "worker"))
 
     @property

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 
 import pytest
 
+from pipeline.feed.broker import find_free_port
 from pipeline.metrics import read_rows
 from waiting import wait_for
 
@@ -18,16 +18,10 @@ pytestmark = pytest.mark.e2e
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_ctrl_c_stops_every_process_with_one_line_each(tmp_path):
     data_dir = tmp_path / "var"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SS_")}
-    env.update(SS_PATHS_DATA_DIR=str(data_dir), SS_APP_PORT=str(free_port()), SS_SPARK_MASTER="local[2]")
+    env.update(SS_PATHS_DATA_DIR=str(data_dir), SS_APP_PORT=str(find_free_port()), SS_SPARK_MASTER="local[2]")
     # as from a terminal: a shell running the tests in the background (`make test &`) ignores
     # SIGINT, and a child would inherit that and never see the Ctrl-C below
     demo = subprocess.Popen([sys.executable, "-m", "pipeline", "demo"], cwd=ROOT, env=env, stdout=subprocess.PIPE,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import ast
 import os
 import re
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -20,6 +19,7 @@ from app.exporter import LATENCY_BUCKETS_S, METRICS, start_exporter
 from app_fixtures import empty_data_dir, fixture_data, read_metrics, read_sink  # noqa: F401 - fixtures
 from pipeline.config import load_settings
 from pipeline.errors import StatefulStreamsError
+from pipeline.feed.broker import find_free_port
 from waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,12 +50,6 @@ def _samples(text: str) -> dict[str, float]:
             key = sample.name + (f"{{{labels}}}" if labels else "") + (f"[le={float(le)}]" if le else "")
             samples[key] = sample.value
     return samples
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_scrape_matches_the_metrics_store(fixture_data):
@@ -170,7 +164,7 @@ def test_cli_rejects_a_bad_port_with_one_line(tmp_path, port):
 
 
 def test_cli_serves_on_the_configured_port_and_dies_with_its_parent(empty_data_dir):
-    port = _free_port()
+    port = find_free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SS_")} | {"SS_EXPORTER_PORT": str(port)}
     parent = subprocess.Popen([sys.executable, "-m", "pipeline", "--data-dir", str(empty_data_dir), "exporter"],
                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import urllib.parse
 import urllib.request
@@ -16,17 +15,11 @@ import pytest
 
 from app.exporter import start_exporter
 from app_fixtures import fixture_data, read_metrics  # noqa: F401 - fixtures
-from pipeline.feed.broker import die_with_parent
+from pipeline.feed.broker import die_with_parent, find_free_port
 from pipeline.config import load_settings
 from waiting import wait_for
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _api(base: str, path: str, **params) -> dict:
@@ -45,7 +38,7 @@ def prometheus_factory(tmp_path):
     started: list[subprocess.Popen] = []
 
     def start(targets: list[str]) -> str:
-        port = _free_port()
+        port = find_free_port()
         config = tmp_path / "prometheus.yml"
         # JSON is YAML: the generated config needs no YAML writer
         config.write_text(json.dumps({
