@@ -64,7 +64,8 @@ sys.path[:0] = [str(ROOT)]
 from bench.common import (BenchError, alive, bench_topics, guard, iter_records, job_memory, load_average,  # noqa: E402
                           machine, now_utc, percentile, ratio, rss_bytes, start_job, wait_until, write_result)
 from pipeline import store  # noqa: E402
-from pipeline.feed.broker import die_with_parent, find_free_port  # noqa: E402
+from pipeline.feed.broker import die_with_parent  # noqa: E402
+from pipeline.feed.ports import find_free_port  # noqa: E402
 from pipeline.config import load_settings  # noqa: E402
 from pipeline.feed.datagen import generate  # noqa: E402
 from pipeline.metrics import read_rows  # noqa: E402

@@ -54,7 +54,8 @@ from bench.long_run_samples import job_parts, judge_jvm, sample  # noqa: E402
 from bench.jvm_env import driver_jvm_environment  # noqa: E402
 from pipeline import store  # noqa: E402
 from pipeline.config import load_settings  # noqa: E402
-from pipeline.feed.broker import EmbeddedBroker, die_with_parent, find_free_port  # noqa: E402
+from pipeline.feed.broker import EmbeddedBroker, die_with_parent  # noqa: E402
+from pipeline.feed.ports import find_free_port  # noqa: E402
 from pipeline.metrics import read_rows  # noqa: E402
 from pipeline.metrics_tail import parse_lines, tail_lines  # noqa: E402
 

@@ -45,7 +45,8 @@ def test_python_m_pipeline_app_serves_the_console_and_takes_it_down_with_it(tmp_
     import sys
     import urllib.request
 
-    from pipeline.feed.broker import find_free_port, port_is_open
+    from pipeline.feed.broker import port_is_open
+    from pipeline.feed.ports import find_free_port
     from waiting import wait_for
 
     port = find_free_port()

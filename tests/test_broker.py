@@ -171,7 +171,7 @@ def test_a_free_port_is_chosen_outside_the_kernels_ephemeral_range_where_no_bind
     took an Apache Pulsar test broker's once) before the broker binds it."""
     import socket
 
-    from pipeline.feed.broker import ephemeral_range, find_free_port
+    from pipeline.feed.ports import ephemeral_range, find_free_port
 
     low, high = ephemeral_range()
     for _ in range(20):

@@ -16,7 +16,7 @@ import pytest
 
 from app_fixtures import write_data_dir
 from pipeline import store
-from pipeline.feed.broker import find_free_port
+from pipeline.feed.ports import find_free_port
 from pipeline.config import load_settings
 from pipeline.console import build_console_command
 from waiting import wait_for

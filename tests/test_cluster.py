@@ -25,7 +25,8 @@ import pytest
 
 from test_backlog import assert_decided_with_what_was_published_before, publish_backlog
 from jobproc import cli_args
-from pipeline.feed.broker import die_with_parent, find_free_port
+from pipeline.feed.broker import die_with_parent
+from pipeline.feed.ports import find_free_port
 from sinkread import invoices
 from waiting import wait_for
 

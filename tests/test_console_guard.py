@@ -15,7 +15,7 @@ from streamlit.testing.v1 import AppTest
 from app import views
 from app_fixtures import write_data_dir
 from pipeline import store
-from pipeline.feed.broker import find_free_port
+from pipeline.feed.ports import find_free_port
 from pipeline.config import load_settings
 from pipeline.console import build_console_command, check_console_access, is_loopback
 from pipeline.errors import ConfigError

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from pipeline.feed.broker import find_free_port
+from pipeline.feed.ports import find_free_port
 from pipeline.metrics import read_rows
 from waiting import wait_for
 

@@ -19,7 +19,7 @@ from app.exporter import LATENCY_BUCKETS_S, METRICS, start_exporter
 from app_fixtures import empty_data_dir, fixture_data, read_metrics, read_sink  # noqa: F401 - fixtures
 from pipeline.config import load_settings
 from pipeline.errors import StatefulStreamsError
-from pipeline.feed.broker import find_free_port
+from pipeline.feed.ports import find_free_port
 from waiting import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,7 +15,8 @@ import pytest
 
 from app.exporter import start_exporter
 from app_fixtures import fixture_data, read_metrics  # noqa: F401 - fixtures
-from pipeline.feed.broker import die_with_parent, find_free_port
+from pipeline.feed.broker import die_with_parent
+from pipeline.feed.ports import find_free_port
 from pipeline.config import load_settings
 from waiting import wait_for
 

@@ -31,7 +31,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.feed.broker import die_with_parent, find_free_port, port_is_open
+from pipeline.feed.broker import die_with_parent, port_is_open
+from pipeline.feed.ports import find_free_port
 from pipeline.errors import BrokerError
 from pipeline.runtime.maven import cache_root, copy_jars, stamp
 
