@@ -33,7 +33,7 @@ MAINTENANCE_COLUMNS = ["task", "last_run", "last_change", "change", "failed_at",
 # Which part a top-level folder of the data dir is (pipeline/store.py lays them out).
 TOP_PARTS = {"checkpoint": ("checkpoint", "checkpoint"), "broker": ("broker", "broker"),
              "sql": ("SQL pipelines", "sql"), "source-stats": ("source stats", "other"),
-             "control": ("control", "other")}
+             "control": ("control", "other"), "scratch": ("scratch", "other")}
 
 
 def part_of(relative: str) -> tuple[str, str]:

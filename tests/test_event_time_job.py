@@ -17,6 +17,7 @@ from pipeline.enrich import event_rules, rules
 from pipeline.enrich.event_clock import restored_newest
 from pipeline.enrich.lookups import ITEMS, USERS
 from pipeline.metrics import read_events, read_rows
+from pipeline.runtime.scratch import own_name, scratch_root
 from pipeline import wire
 from factories import item, order, publish_timed, user
 from jobproc import JobProcess, JobThread
@@ -185,12 +186,19 @@ def test_a_kill_9_midway_writes_the_same(published, broker, tmp_path):
     finally:
         job.kill9()
     assert orders_done(settings.data_dir) < ORDERS, "the kill came too late to test anything"
+    killed_scratch = scratch_root(settings.data_dir) / own_name(pid=job.proc.pid)
+    assert killed_scratch.is_dir() and any(killed_scratch.iterdir()), "the killed job left no scratch to sweep"
     job = JobProcess(settings, tmp_path / "job2.log")
     try:
         wait_for(lambda: orders_done(settings.data_dir) >= ORDERS, timeout=240, what="every order after the kill")
+        # What the killed job's Spark and JVM left (its state's working copy, native libraries)
+        # went when the next one started; the running job's own scratch is in use.
+        assert not killed_scratch.exists()
+        assert (scratch_root(settings.data_dir) / own_name(pid=job.proc.pid)).is_dir()
     finally:
         assert job.stop() == 0
     assert written(settings.data_dir) == expected(published["data"])
+    assert not (scratch_root(settings.data_dir) / own_name(pid=job.proc.pid)).exists(), "a clean stop keeps none"
 
 
 def test_an_idle_changelog_stops_holding_the_watermark_back(broker, tmp_path):

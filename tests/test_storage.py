@@ -21,6 +21,7 @@ LISTING = [
     ("savepoints/before/savepoint.json", 3), ("savepoints/before/checkpoint/offsets/3", 20),
     ("savepoints/after/savepoint.json", 3),
     ("broker/data/ledger", 10_000), ("source-stats/orders.json", 5), ("job.lock", 0),
+    ("scratch/vm-7/spark-1/StateStoreId(opId=0,partId=0)/000008.sst", 600),
 ]
 LIVE = {"enriched": {"sinks/enriched/compacted.parquet"}, "missing_state": set(), "dead_letter": set()}
 
@@ -29,7 +30,7 @@ def test_each_part_has_its_files_and_bytes_and_a_sink_its_current_version_and_lo
     parts = storage.compute_storage(LISTING, LIVE).set_index("part")
     assert parts.index.tolist() == ["sink dead_letter", "sink enriched", "sink missing_state", "metrics events",
                                     "metrics progress", "checkpoint", "savepoints", "broker", "other",
-                                    "source stats"]
+                                    "scratch", "source stats"]
     enriched = parts.loc["sink enriched"]
     assert (enriched["files"], enriched["bytes"]) == (5, 766)
     assert (enriched["live_files"], enriched["live_bytes"], enriched["log_files"]) == (1, 350, 2)
@@ -40,6 +41,7 @@ def test_each_part_has_its_files_and_bytes_and_a_sink_its_current_version_and_lo
     assert (parts.loc["checkpoint", "files"], parts.loc["checkpoint", "bytes"]) == (2, 2020)
     assert (parts.loc["savepoints", "files"], parts.loc["savepoints", "detail"]) == (3, "2 savepoints")
     assert pd.isna(parts.loc["checkpoint", "live_files"])
+    assert parts.loc["scratch", "bytes"] == 600  # the running Spark's working copy of its state
     assert parts["bytes"].sum() == sum(size for _, size in LISTING)  # every file in exactly one part
     assert parts["files"].sum() == len(LISTING)
     kinds = storage.compute_storage(LISTING, LIVE)["kind"].tolist()

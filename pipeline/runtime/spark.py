@@ -6,6 +6,7 @@ interpreter as the driver, so the venv's packages (pulsar-client, pyarrow) are t
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 from contextlib import contextmanager
@@ -13,6 +14,7 @@ from contextlib import contextmanager
 from pipeline.config import Settings
 from pipeline.runtime.freed_memory import (ARROW_POOL, ARROW_POOL_VARIABLE, MALLOC_ARENAS, MALLOC_ARENAS_VARIABLE,
                                           jvm_allocator)
+from pipeline.runtime.scratch import release_scratch, take_scratch
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 # The code Spark generates to turn the lookups' Java rows back into its own format is one method
@@ -67,6 +69,12 @@ def shuffle_partitions(settings: Settings) -> int:
     return os.cpu_count() or 2
 
 
+def java_option(name: str, value) -> str:
+    """``-Dname=value`` as one word of Spark's ``extraJavaOptions`` (quoted when it has a space)."""
+    option = f"-D{name}={value}"
+    return f'"{option}"' if any(c.isspace() for c in option) else option
+
+
 def build_spark(settings: Settings, app_name: str = "stateful-streams"):
     """Get or create the SparkSession with our state store and tuning."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -83,6 +91,10 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
     from pipeline.enrich.lookups import require_jar
     from pipeline.sql.jvm_sender import client_jars
 
+    # Spark's local dirs and the JVM's temporary files in the data dir, swept of dead processes'
+    # (pipeline/runtime/scratch.py): a kill -9 leaves them behind, and /tmp kept them for good.
+    scratch = take_scratch(settings.data_dir)
+    atexit.register(release_scratch, scratch)
     builder = (
         SparkSession.builder.master(settings["spark.master"]).appName(app_name)
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions(settings)))
@@ -94,6 +106,7 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
         # fast as in 2 GB, and the job's memory is bounded (bench/README.md, stop 24). With the
         # old bound, a 600k-order backlog batch lost its task results (TaskResultLost) in 1 GB.
         .config("spark.driver.memory", settings["spark.driver_memory"])
+        .config("spark.local.dir", str(scratch))
         # Hadoop's FileContext (Spark's default here) resolves links with a forked ``readlink`` and
         # sets permissions with a forked ``chmod`` for every file it renames into the checkpoint:
         # about 16 processes a batch, 30 ms an offset-log write and 45 ms a state commit. The
@@ -115,7 +128,8 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
         # (bench/README.md, stop 22); ``-XX:TieredStopAtLevel=1`` in spark.extra_java_options
         # trades the throughput for the faster start.
         .config("spark.driver.extraJavaOptions", " ".join(filter(None, (
-            "-Xss16m", JIT_OPTIONS, driver_java_options(), settings["spark.extra_java_options"]))))
+            "-Xss16m", JIT_OPTIONS, java_option("java.io.tmpdir", scratch), driver_java_options(),
+            settings["spark.extra_java_options"]))))
         .config("spark.executor.extraJavaOptions", JIT_OPTIONS)
         .config(f"spark.executorEnv.{ARROW_POOL_VARIABLE}", ARROW_POOL)  # a cluster's Python workers
         .config(f"spark.executorEnv.{MALLOC_ARENAS_VARIABLE}", MALLOC_ARENAS)  # a cluster's executors

@@ -1,0 +1,45 @@
+"""Each Spark process's scratch under the data dir, and the sweep of dead processes' (pipeline/runtime/scratch.py)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+from pipeline.runtime.scratch import dead_entries, own_name, scratch_root, take_scratch
+
+
+def gone_pid() -> int:
+    """The pid of a process that has exited and been reaped."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_only_this_hosts_dead_processes_are_swept():
+    assert dead_entries(["a-12", "a-99", "b-12", "notes", "a-x", "a-b-12"], "a", alive=lambda pid: pid == 99) == ["a-12"]
+    # a host name with dashes: the pid is what follows the last one
+    assert dead_entries(["web-1-7"], "web-1", alive=lambda pid: False) == ["web-1-7"]
+
+
+def test_taking_scratch_removes_a_dead_processes_and_keeps_the_living(tmp_path):
+    root = scratch_root(tmp_path)
+    host = socket.gethostname()
+    dead = root / own_name(host, gone_pid())
+    (dead / "spark-1" / "StateStoreId(opId=0,partId=0)").mkdir(parents=True)
+    (dead / "librocksdbjni1.so").write_bytes(b"x" * 1000)
+    living = root / own_name(host, 1)  # pid 1 is always alive
+    living.mkdir()
+    elsewhere = root / own_name("another-host", gone_pid())  # a container sharing the data dir
+    elsewhere.mkdir()
+    own = take_scratch(tmp_path)
+    assert own == root / own_name() and own.is_dir()
+    assert not dead.exists()
+    assert living.is_dir() and elsewhere.is_dir()
+
+
+def test_the_sessions_spark_and_jvm_use_the_data_dirs_scratch(spark):
+    local_dir = spark.sparkContext.getConf().get("spark.local.dir")
+    tmpdir = spark.sparkContext._jvm.java.lang.System.getProperty("java.io.tmpdir")
+    assert local_dir == tmpdir
+    assert local_dir.endswith(f"/scratch/{own_name()}")
