@@ -12,7 +12,7 @@
 <data_dir>/control/restore.json        journal of a savepoint restore under way (pipeline/control/savepoints.py)
 <data_dir>/job.lock                    flock held by the running job (or a restore); the OS drops it when the holder dies
 <data_dir>/scratch/<host>-<pid>/        each Spark process's local dirs and JVM temporary files (pipeline/runtime/scratch.py)
-<data_dir>/sql/<pipeline>/             one SQL pipeline (pipeline/sql/): checkpoint/, staging/, sinks/, metrics/, pipeline.json,
+<data_dir>/sql/<pipeline>/             one SQL pipeline (pipeline/sql/): checkpoint/, sinks/ (Delta), metrics/, pipeline.json,
                                        and a temporal join's event-time/clock-<side>.json (pipeline/sql/join_clock.py)
 ```
 

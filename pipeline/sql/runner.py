@@ -9,13 +9,13 @@
 (a temporal join's query, a source and watermark per table: pipeline/sql/temporal_stream.py).
 
 Everything of a pipeline lives under ``<data_dir>/sql/<name>/`` (pipeline/store.py):
-``checkpoint/``, ``staging/`` and ``sinks/`` (pipeline/sql/sink.py), ``metrics/`` (progress
+``checkpoint/``, ``sinks/`` (Delta tables, pipeline/sql/sink.py), ``metrics/`` (progress
 and events, as the job's metrics store) and ``pipeline.json`` (its statements, tables and
 topics, for the console). A ``pipeline.lock`` flock keeps one process per pipeline; several
 pipelines, each named, run side by side (each its own process or query).
 
-Guarantees: the Parquet sinks are exactly-once for a glob reader across ``kill -9`` (staged,
-published after Spark's commit); the topic gets each batch's rows at least once (an upsert
+Guarantees: the Delta sinks are exactly-once for a reader of their log across ``kill -9`` (one
+commit per batch, with the batch's transaction id); the topic gets each batch's rows at least once (an upsert
 topic absorbs a re-sent batch). Restarts are the job's (pipeline/runtime/supervisor.py).
 """
 
