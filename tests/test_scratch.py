@@ -17,7 +17,8 @@ def gone_pid() -> int:
 
 
 def test_only_this_hosts_dead_processes_are_swept():
-    assert dead_entries(["a-12", "a-99", "b-12", "notes", "a-x", "a-b-12"], "a", alive=lambda pid: pid == 99) == ["a-12"]
+    names = ["a-12", "a-99", "b-12", "notes", "a-x", "a-b-12"]
+    assert dead_entries(names, "a", alive=lambda pid: pid == 99) == ["a-12"]
     # a host name with dashes: the pid is what follows the last one
     assert dead_entries(["web-1-7"], "web-1", alive=lambda pid: False) == ["web-1-7"]
 
