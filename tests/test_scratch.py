@@ -39,6 +39,12 @@ def test_taking_scratch_removes_a_dead_processes_and_keeps_the_living(tmp_path):
     assert living.is_dir() and elsewhere.is_dir()
 
 
+def test_a_data_dir_with_a_comma_keeps_its_scratch_out_of_spark_local_dirs_list(tmp_path):
+    plain, comma = scratch_root(tmp_path / "var"), scratch_root(tmp_path / "a, b")
+    assert plain == tmp_path / "var" / "scratch"
+    assert "," not in str(comma) and comma.is_absolute()
+
+
 def test_the_sessions_spark_and_jvm_use_the_data_dirs_scratch(spark):
     local_dir = spark.sparkContext.getConf().get("spark.local.dir")
     tmpdir = spark.sparkContext._jvm.java.lang.System.getProperty("java.io.tmpdir")

@@ -21,12 +21,18 @@ import logging
 import os
 import shutil
 import socket
+import tempfile
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 
 def scratch_root(data_dir: Path) -> Path:
+    """``<data_dir>/scratch``; in the system's temporary folder when the data dir's path has a comma:
+    ``spark.local.dir`` is a comma-separated list, and Spark would split the path (a part of it
+    relative to the working directory)."""
+    if "," in str(data_dir):
+        return Path(tempfile.gettempdir()) / "stateful-streams-scratch"
     return Path(data_dir) / "scratch"
 
 
