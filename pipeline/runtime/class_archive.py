@@ -32,9 +32,15 @@ QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 log = logging.getLogger(__name__)
 
 
+def one_word(option: str) -> str:
+    """``option`` as one word of Spark's ``extraJavaOptions``, which splits at spaces and honours
+    double quotes: quoted when it has a space (a path under "My Projects")."""
+    return f'"{option}"' if any(c.isspace() for c in option) else option
+
+
 def driver_java_options(archive: Path = ARCHIVE) -> str:
     """JVM options that use the archive when there is one ("" when there is none)."""
-    return f"-XX:SharedArchiveFile={archive} {QUIET}" if archive.is_file() else ""
+    return f"{one_word(f'-XX:SharedArchiveFile={archive}')} {QUIET}" if archive.is_file() else ""
 
 
 def build(archive: Path = ARCHIVE, timeout_s: float = 600.0) -> bool:

@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pipeline.runtime.class_archive import QUIET
+from pipeline.runtime.class_archive import QUIET, one_word
 
 
 def training_records() -> dict[str, list[dict]]:
@@ -42,7 +42,7 @@ def train(partial: Path) -> None:
             settings = load_settings(env={}, cli={
                 "pulsar.service_url": broker.service_url, "paths.data_dir": str(Path(tmp) / "data"),
                 "spark.master": "local[2]", "job.trigger_interval": "200ms", "enrichment.max_wait": "1s",
-                "spark.extra_java_options": f"-XX:ArchiveClassesAtExit={partial} {QUIET}"})
+                "spark.extra_java_options": f"{one_word(f'-XX:ArchiveClassesAtExit={partial}')} {QUIET}"})
             client = make_client(broker.service_url)
             try:
                 for kind, records in training_records().items():

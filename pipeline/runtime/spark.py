@@ -69,12 +69,6 @@ def shuffle_partitions(settings: Settings) -> int:
     return os.cpu_count() or 2
 
 
-def java_option(name: str, value) -> str:
-    """``-Dname=value`` as one word of Spark's ``extraJavaOptions`` (quoted when it has a space)."""
-    option = f"-D{name}={value}"
-    return f'"{option}"' if any(c.isspace() for c in option) else option
-
-
 def build_spark(settings: Settings, app_name: str = "stateful-streams"):
     """Get or create the SparkSession with our state store and tuning."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -87,7 +81,7 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    from pipeline.runtime.class_archive import driver_java_options
+    from pipeline.runtime.class_archive import driver_java_options, one_word
     from pipeline.enrich.lookups import require_jar
     from pipeline.sql.jvm_sender import client_jars
 
@@ -128,7 +122,7 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
         # (bench/README.md, stop 22); ``-XX:TieredStopAtLevel=1`` in spark.extra_java_options
         # trades the throughput for the faster start.
         .config("spark.driver.extraJavaOptions", " ".join(filter(None, (
-            "-Xss16m", JIT_OPTIONS, java_option("java.io.tmpdir", scratch), driver_java_options(),
+            "-Xss16m", JIT_OPTIONS, one_word(f"-Djava.io.tmpdir={scratch}"), driver_java_options(),
             settings["spark.extra_java_options"]))))
         .config("spark.executor.extraJavaOptions", JIT_OPTIONS)
         .config(f"spark.executorEnv.{ARROW_POOL_VARIABLE}", ARROW_POOL)  # a cluster's Python workers
