@@ -39,6 +39,17 @@ def test_taking_scratch_removes_a_dead_processes_and_keeps_the_living(tmp_path):
     assert living.is_dir() and elsewhere.is_dir()
 
 
+def test_a_dir_left_by_a_dead_process_with_this_pid_is_emptied_once(tmp_path):
+    """A restarted container gives the job its old pid: the run before left the same name."""
+    stale = scratch_root(tmp_path) / own_name()
+    stale.mkdir(parents=True)
+    (stale / "librocksdbjni1.so").write_bytes(b"x")
+    own = take_scratch(tmp_path)
+    assert own == stale and list(own.iterdir()) == []
+    (own / "spark-2").mkdir()  # in use: a second Spark of this process on the same data dir keeps it
+    assert take_scratch(tmp_path) == own and (own / "spark-2").is_dir()
+
+
 def test_a_data_dir_with_a_comma_keeps_its_scratch_out_of_spark_local_dirs_list(tmp_path):
     plain, comma = scratch_root(tmp_path / "var"), scratch_root(tmp_path / "a, b")
     assert plain == tmp_path / "var" / "scratch"

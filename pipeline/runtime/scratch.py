@@ -65,8 +65,15 @@ def dead_entries(names: list[str], host: str, alive=is_alive) -> list[str]:
     return gone
 
 
+_taken: set[Path] = set()  # the scratch dirs this process has handed out (a process may start Spark once per data dir)
+
+
 def take_scratch(data_dir: Path) -> Path:
-    """This process's scratch dir, created, after removing what this host's dead processes left."""
+    """This process's scratch dir, created, after removing what this host's dead processes left.
+
+    One already there that this process did not make was left by a dead process with the same
+    pid: a restarted container numbers its processes as before, so the job often gets its old
+    pid, and with it the dir of the run before. It is emptied first."""
     root = scratch_root(data_dir)
     root.mkdir(parents=True, exist_ok=True)
     host = socket.gethostname()
@@ -74,6 +81,9 @@ def take_scratch(data_dir: Path) -> Path:
         shutil.rmtree(root / name, ignore_errors=True)
         log.info("removed the scratch of a process that is gone: %s", root / name)
     own = root / own_name(host)
+    if own not in _taken:
+        shutil.rmtree(own, ignore_errors=True)
+        _taken.add(own)
     own.mkdir(exist_ok=True)
     return own
 
