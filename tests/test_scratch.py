@@ -6,7 +6,8 @@ import socket
 import subprocess
 import sys
 
-from pipeline.runtime.scratch import dead_entries, own_name, scratch_root, take_scratch
+from pipeline.runtime.scratch import (FALLBACK_ROOT, dead_entries, own_name, release_scratch, scratch_root,
+                                      take_scratch)
 
 
 def gone_pid() -> int:
@@ -54,6 +55,15 @@ def test_a_data_dir_with_a_comma_keeps_its_scratch_out_of_spark_local_dirs_list(
     plain, comma = scratch_root(tmp_path / "var"), scratch_root(tmp_path / "a, b")
     assert plain == tmp_path / "var" / "scratch"
     assert "," not in str(comma) and comma.is_absolute()
+
+
+def test_a_data_dir_that_cannot_hold_scratch_falls_back_to_the_temporary_folder(tmp_path):
+    (tmp_path / "scratch").write_text("in the way")  # as a read-only mount would refuse it
+    own = take_scratch(tmp_path)
+    try:
+        assert own.is_dir() and own.parent == FALLBACK_ROOT
+    finally:
+        release_scratch(own)
 
 
 def test_the_sessions_spark_and_jvm_use_the_data_dirs_scratch(spark):

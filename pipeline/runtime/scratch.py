@@ -25,6 +25,8 @@ import tempfile
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+# Where scratch goes when the data dir cannot hold it (read-only for a look-up, or a comma in its path).
+FALLBACK_ROOT = Path(tempfile.gettempdir()) / "stateful-streams-scratch"
 
 
 def scratch_root(data_dir: Path) -> Path:
@@ -32,7 +34,7 @@ def scratch_root(data_dir: Path) -> Path:
     ``spark.local.dir`` is a comma-separated list, and Spark would split the path (a part of it
     relative to the working directory)."""
     if "," in str(data_dir):
-        return Path(tempfile.gettempdir()) / "stateful-streams-scratch"
+        return FALLBACK_ROOT
     return Path(data_dir) / "scratch"
 
 
@@ -75,7 +77,12 @@ def take_scratch(data_dir: Path) -> Path:
     pid: a restarted container numbers its processes as before, so the job often gets its old
     pid, and with it the dir of the run before. It is emptied first."""
     root = scratch_root(data_dir)
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a data dir mounted read-only (a console's look-up of the state)
+        log.warning("no scratch under %s (%s): using %s", root, exc.strerror or exc, FALLBACK_ROOT)
+        root = FALLBACK_ROOT
+        root.mkdir(parents=True, exist_ok=True)
     host = socket.gethostname()
     for name in dead_entries(sorted(os.listdir(root)), host):
         shutil.rmtree(root / name, ignore_errors=True)
