@@ -125,7 +125,9 @@ def test_chaos_measured(tmp_path, unique_topics):
     rng = random.Random(1313)
     tally: Counter = Counter()
     disk = tmp_path / "disk"
-    on_tmpfs = _mount_tmpfs(disk, "96m")  # a disk we can fill; without root the full-disk phase is skipped
+    # A disk we can fill (without root the full-disk phase is skipped), with room for the job's
+    # and the look-up worker's Spark scratch (about 50 MB each; 101 MB measured before the fill).
+    on_tmpfs = _mount_tmpfs(disk, "256m")
     disk.mkdir(exist_ok=True)
     broker = EmbeddedBroker(tmp_path / "broker").start()
     port = broker.port
