@@ -11,7 +11,7 @@
 <data_dir>/control/replay/<seq>.json   replay requests the running job picks up
 <data_dir>/control/restore.json        journal of a savepoint restore under way (pipeline/control/savepoints.py)
 <data_dir>/job.lock                    flock held by the running job (or a restore); the OS drops it when the holder dies
-<data_dir>/scratch/<host>-<pid>/        each Spark process's local dirs and JVM temporary files (pipeline/runtime/scratch.py)
+<data_dir>/scratch/<host>-<pid>/       a Spark process's local dirs and JVM temp files (pipeline/runtime/scratch.py)
 <data_dir>/sql/<pipeline>/             one SQL pipeline (pipeline/sql/): checkpoint/, sinks/ (Delta), metrics/, pipeline.json,
                                        and a temporal join's event-time/clock-<side>.json (pipeline/sql/join_clock.py)
 ```
@@ -49,6 +49,11 @@ def sink_glob(data_dir: Path, sink: str) -> str:
 
 def checkpoint_dir(data_dir: Path) -> Path:
     return Path(data_dir) / "checkpoint"
+
+
+def scratch_dir(data_dir: Path) -> Path:
+    """Where each Spark process keeps its local dirs and JVM temporary files (pipeline/runtime/scratch.py)."""
+    return Path(data_dir) / "scratch"
 
 
 def source_stats_dir(data_dir: Path) -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 from pipeline.runtime.scratch import (FALLBACK_ROOT, dead_entries, own_name, release_scratch, scratch_root,
                                       take_scratch)
@@ -40,15 +41,13 @@ def test_taking_scratch_removes_a_dead_processes_and_keeps_the_living(tmp_path):
     assert living.is_dir() and elsewhere.is_dir()
 
 
-def test_a_dir_left_by_a_dead_process_with_this_pid_is_emptied_once(tmp_path):
+def test_a_dir_left_by_a_dead_process_with_this_pid_is_emptied(tmp_path):
     """A restarted container gives the job its old pid: the run before left the same name."""
     stale = scratch_root(tmp_path) / own_name()
     stale.mkdir(parents=True)
     (stale / "librocksdbjni1.so").write_bytes(b"x")
     own = take_scratch(tmp_path)
     assert own == stale and list(own.iterdir()) == []
-    (own / "spark-2").mkdir()  # in use: a second Spark of this process on the same data dir keeps it
-    assert take_scratch(tmp_path) == own and (own / "spark-2").is_dir()
 
 
 def test_a_data_dir_with_a_comma_keeps_its_scratch_out_of_spark_local_dirs_list(tmp_path):
@@ -66,8 +65,16 @@ def test_a_data_dir_that_cannot_hold_scratch_falls_back_to_the_temporary_folder(
         release_scratch(own)
 
 
-def test_the_sessions_spark_and_jvm_use_the_data_dirs_scratch(spark):
+def test_the_sessions_spark_and_jvm_use_the_data_dirs_scratch(spark, tmp_path):
+    from pipeline.config import load_settings
+    from pipeline.runtime.spark import build_spark
+
     local_dir = spark.sparkContext.getConf().get("spark.local.dir")
     tmpdir = spark.sparkContext._jvm.java.lang.System.getProperty("java.io.tmpdir")
     assert local_dir == tmpdir
-    assert local_dir.endswith(f"/scratch/{own_name()}")
+    assert local_dir.endswith(f"/scratch/{own_name()}") and any(Path(local_dir).iterdir())
+    # A later call in the same process (the job run in a test's thread) gets the running session:
+    # it takes no scratch of its own, and leaves the one in use as it was.
+    again = build_spark(load_settings(env={}, cli={"spark.master": "local[2]", "paths.data_dir": str(tmp_path)}))
+    assert again.sparkContext.getConf().get("spark.local.dir") == local_dir and any(Path(local_dir).iterdir())
+    assert not scratch_root(tmp_path).exists()

@@ -24,18 +24,20 @@ import socket
 import tempfile
 from pathlib import Path
 
+from pipeline import store
+
 log = logging.getLogger(__name__)
 # Where scratch goes when the data dir cannot hold it (read-only for a look-up, or a comma in its path).
 FALLBACK_ROOT = Path(tempfile.gettempdir()) / "stateful-streams-scratch"
 
 
 def scratch_root(data_dir: Path) -> Path:
-    """``<data_dir>/scratch``; in the system's temporary folder when the data dir's path has a comma:
-    ``spark.local.dir`` is a comma-separated list, and Spark would split the path (a part of it
-    relative to the working directory)."""
+    """``<data_dir>/scratch`` (``store.scratch_dir``); in the system's temporary folder when the
+    data dir's path has a comma: ``spark.local.dir`` is a comma-separated list, and Spark would
+    split the path (a part of it relative to the working directory)."""
     if "," in str(data_dir):
         return FALLBACK_ROOT
-    return Path(data_dir) / "scratch"
+    return store.scratch_dir(data_dir)
 
 
 def own_name(host: str | None = None, pid: int | None = None) -> str:
@@ -67,15 +69,13 @@ def dead_entries(names: list[str], host: str, alive=is_alive) -> list[str]:
     return gone
 
 
-_taken: set[Path] = set()  # the scratch dirs this process has handed out (a process may start Spark once per data dir)
-
-
 def take_scratch(data_dir: Path) -> Path:
-    """This process's scratch dir, created, after removing what this host's dead processes left.
+    """This process's scratch dir, created empty, after removing what this host's dead processes
+    left; called once per process, before its JVM starts (``runtime/spark.py``).
 
-    One already there that this process did not make was left by a dead process with the same
-    pid: a restarted container numbers its processes as before, so the job often gets its old
-    pid, and with it the dir of the run before. It is emptied first."""
+    One already there was left by a dead process with the same pid: a restarted container numbers
+    its processes as before, so the job often gets its old pid, and with it the dir of the run
+    before. It is emptied first."""
     root = scratch_root(data_dir)
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -88,10 +88,8 @@ def take_scratch(data_dir: Path) -> Path:
         shutil.rmtree(root / name, ignore_errors=True)
         log.info("removed the scratch of a process that is gone: %s", root / name)
     own = root / own_name(host)
-    if own not in _taken:
-        shutil.rmtree(own, ignore_errors=True)
-        _taken.add(own)
-    own.mkdir(exist_ok=True)
+    shutil.rmtree(own, ignore_errors=True)
+    own.mkdir()
     return own
 
 

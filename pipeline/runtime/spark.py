@@ -79,6 +79,7 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
     os.environ.setdefault(MALLOC_ARENAS_VARIABLE, MALLOC_ARENAS)  # the JVM started below, and its workers
     if settings["spark.master"].startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     from pipeline.runtime.class_archive import driver_java_options, one_word
@@ -87,8 +88,12 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
 
     # Spark's local dirs and the JVM's temporary files in the data dir, swept of dead processes'
     # (pipeline/runtime/scratch.py): a kill -9 leaves them behind, and /tmp kept them for good.
-    scratch = take_scratch(settings.data_dir)
-    atexit.register(release_scratch, scratch)
+    # Taken once, by the call that starts this process's JVM; a later call gets that session.
+    scratch = None
+    if SparkContext._gateway is None:
+        scratch = take_scratch(settings.data_dir)
+        atexit.register(release_scratch, scratch)
+    scratch_options = {"spark.local.dir": str(scratch)} if scratch else {}
     builder = (
         SparkSession.builder.master(settings["spark.master"]).appName(app_name)
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions(settings)))
@@ -100,7 +105,6 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
         # fast as in 2 GB, and the job's memory is bounded (bench/README.md, stop 24). With the
         # old bound, a 600k-order backlog batch lost its task results (TaskResultLost) in 1 GB.
         .config("spark.driver.memory", settings["spark.driver_memory"])
-        .config("spark.local.dir", str(scratch))
         # Hadoop's FileContext (Spark's default here) resolves links with a forked ``readlink`` and
         # sets permissions with a forked ``chmod`` for every file it renames into the checkpoint:
         # about 16 processes a batch, 30 ms an offset-log write and 45 ms a state commit. The
@@ -122,13 +126,13 @@ def build_spark(settings: Settings, app_name: str = "stateful-streams"):
         # (bench/README.md, stop 22); ``-XX:TieredStopAtLevel=1`` in spark.extra_java_options
         # trades the throughput for the faster start.
         .config("spark.driver.extraJavaOptions", " ".join(filter(None, (
-            "-Xss16m", JIT_OPTIONS, one_word(f"-Djava.io.tmpdir={scratch}"), driver_java_options(),
+            "-Xss16m", JIT_OPTIONS, scratch and one_word(f"-Djava.io.tmpdir={scratch}"), driver_java_options(),
             settings["spark.extra_java_options"]))))
         .config("spark.executor.extraJavaOptions", JIT_OPTIONS)
         .config(f"spark.executorEnv.{ARROW_POOL_VARIABLE}", ARROW_POOL)  # a cluster's Python workers
         .config(f"spark.executorEnv.{MALLOC_ARENAS_VARIABLE}", MALLOC_ARENAS)  # a cluster's executors
     )
-    for key, value in {**STATE_STORE_CONF, **UI_RETENTION_CONF}.items():
+    for key, value in {**STATE_STORE_CONF, **UI_RETENTION_CONF, **scratch_options}.items():
         builder = builder.config(key, value)
     if settings["spark.master"].startswith("local"):
         # Loopback only on one machine; on a cluster the workers must reach the driver.

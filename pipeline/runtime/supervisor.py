@@ -144,7 +144,8 @@ class Supervisor:
                 if fatal is not None:
                     if not isinstance(fatal, SinkError):  # Spark's own write failed; its text names no path
                         error = (f"{fatal} while writing under {str(self.data_dir)!r} (checkpoint, sinks, "
-                                 "metrics or Spark's scratch); free space or fix the folder, then run the job again")
+                                 "metrics or Spark's scratch); free space or fix the folder, then run the job "
+                                 "again")
                     self.record(self.lifecycle.failed_kind, f"{name} stopped: {error}", error=error)
                     raise (SinkError if isinstance(fatal, SinkError) else self.lifecycle.failed_error)(error) from None
                 attempt += 1

@@ -15,8 +15,8 @@ topics, for the console). A ``pipeline.lock`` flock keeps one process per pipeli
 pipelines, each named, run side by side (each its own process or query).
 
 Guarantees: the Delta sinks are exactly-once for a reader of their log across ``kill -9`` (one
-commit per batch, with the batch's transaction id); the topic gets each batch's rows at least once (an upsert
-topic absorbs a re-sent batch). Restarts are the job's (pipeline/runtime/supervisor.py).
+commit per batch, with the batch's transaction id); the topic gets each batch's rows at least
+once (an upsert topic absorbs a re-sent batch). Restarts are the job's (runtime/supervisor.py).
 """
 
 from __future__ import annotations
