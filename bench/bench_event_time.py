@@ -49,10 +49,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -62,7 +60,7 @@ sys.path[:0] = [str(ROOT)]
 
 from bench.bench_latency import batch_breakdown, spark_api  # noqa: E402
 from bench.common import (BenchError, alive, load_average, machine, now_utc, percentile, process_tree,  # noqa: E402
-                          ratio, start_job, wait_until, write_result)
+                          ratio, start_job, wait_until, work_dir, write_result)
 from pipeline import wire  # noqa: E402
 from pipeline.feed.broker import EmbeddedBroker  # noqa: E402
 from pipeline.config import load_settings  # noqa: E402
@@ -449,7 +447,6 @@ def main(argv=None) -> dict:
 
     began = time.perf_counter()
     load_at_start = load_average()
-    work = Path(tempfile.mkdtemp(prefix="bench-event-time-"))
     sets = topic_sets(partitions)
     runs: dict[str, dict] = {}
     counts: dict = {}
@@ -470,7 +467,7 @@ def main(argv=None) -> dict:
             write_result(NAME, result)
         return result
 
-    try:
+    with work_dir("bench-event-time-", args.keep) as work:
         write_partition_metadata(work / "broker" / "broker", sets)
         with EmbeddedBroker(work / "broker") as broker:
             client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
@@ -496,11 +493,6 @@ def main(argv=None) -> dict:
                     for mode in MODES:
                         run[mode]["wave"] = run_wave(mode, p, broker.service_url, topics, work, args, counts["marker_ms"])
                         record(False)
-    finally:
-        if args.keep:
-            print(f"kept {work}", flush=True)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
     result = record(True)
     print_table(result)
     return result

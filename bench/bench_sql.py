@@ -23,8 +23,6 @@ import argparse
 import json
 import os
 import sys
-import shutil
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -32,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from bench.common import BenchError, guard, machine, now_utc, write_result  # noqa: E402
+from bench.common import BenchError, guard, machine, now_utc, work_dir, write_result  # noqa: E402
 
 SQL = ROOT / "data" / "sql"
 
@@ -189,14 +187,8 @@ def main(argv=None) -> dict:
                         help="leave a pipeline out (repeatable)")
     parser.add_argument("--keep", action="store_true", help="keep the broker and the data dirs (their path is printed)")
     args = parser.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="bench-sql-"))
-    try:
+    with work_dir("bench-sql-", args.keep) as work:  # 0.6 to 0.8 GB of broker data, checkpoints and sinks
         figures = measure(args, work)
-    finally:
-        if args.keep:
-            print(f"kept {work}", flush=True)
-        else:  # a run leaves 0.6 to 0.8 GB of broker data, checkpoints and sinks
-            shutil.rmtree(work, ignore_errors=True)
     pipelines = [name for name in ("count", "join", "filter") if name in figures]
     for name in pipelines:
         if "job" in figures:

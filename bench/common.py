@@ -13,8 +13,11 @@ import json
 import math
 import os
 import platform
+import shutil
 import sys
+import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -65,6 +68,20 @@ def load_average() -> list[float]:
 
 def bench_topics(tag: str) -> dict[str, str]:
     return {kind: f"persistent://public/default/bench-{tag}-{kind}" for kind in TOPIC_KINDS}
+
+
+@contextmanager
+def work_dir(prefix: str, keep: bool = False) -> Iterator[Path]:
+    """A temporary folder for a benchmark's broker and data dirs (gigabytes at full scale), removed
+    when the benchmark ends, or kept with ``keep`` (``--keep``: its path is printed)."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield work
+    finally:
+        if keep:
+            print(f"kept {work}", flush=True)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def write_result(name: str, result: dict) -> Path:
